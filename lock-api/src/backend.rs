@@ -1,0 +1,91 @@
+//! The backend trait every store implements, and what it hands back on a grant.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::error::Result;
+use crate::fencing::FencingToken;
+use crate::guarantee::Capabilities;
+use crate::name::LockName;
+use crate::owner::OwnerSecret;
+use crate::signal::LostSignal;
+
+/// What a backend needs to renew or release one grant.
+#[derive(Debug, Clone)]
+pub struct GrantKey {
+    /// The lock name.
+    pub name: LockName,
+    /// The backend's own address of this grant (Redis key, etcd key, znode path).
+    pub resource: String,
+    /// The proof of ownership written into the backend (never logged).
+    pub secret: OwnerSecret,
+}
+
+/// A granted lock, as a backend reports it to the generic layer that wraps it in a
+/// [`crate::Lease`].
+#[derive(Debug)]
+pub struct Grant {
+    /// How to renew and release it.
+    pub key: GrantKey,
+    /// The fencing token; `Some` whenever the backend's fencing is monotonic.
+    pub token: Option<FencingToken>,
+    /// The TTL the server applied (after rounding to its granularity).
+    pub ttl: Duration,
+    /// When the request the TTL counts from was sent, on the monotonic clock. The local validity
+    /// deadline is `sent_at + ttl - drift`, so it is always before the server-side expiry.
+    pub sent_at: Instant,
+    /// Fires when the backend session carrying this grant dies (etcd lease, ZooKeeper session);
+    /// `None` when the grant has no session beyond its own TTL.
+    pub session: Option<LostSignal>,
+}
+
+/// Result of a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The TTL was reset; it counts from the moment the renewal was sent.
+    Renewed,
+    /// The lock is no longer ours (expired, taken, or released). Nothing was created.
+    NotHeld,
+}
+
+/// One lock store. Dyn-compatible: the facade holds `Arc<dyn LockBackend>` built from
+/// configuration. Implementations keep these promises, which the conformance suite checks:
+///
+/// * acquire is atomic: the lock, its TTL and its fencing token are set in one step;
+/// * renew and release compare the owner secret first; renew never re-creates a missing lock and
+///   release never deletes another owner's lock;
+/// * a waiter is woken by a notification, not by a fixed poll, and leaves nothing queued when it
+///   times out, fails or its future is dropped;
+/// * a grant whose future is dropped after the server granted it is released, not leaked.
+///
+/// Users call these through [`crate::LockClient`], which validates names and options, adds the
+/// watchdog, re-entrancy and the lost signal.
+#[async_trait]
+pub trait LockBackend: Debug + Send + Sync + 'static {
+    /// The backend kind (`memory`, `redis`, `etcd`, `zk`, `redlock`), used in errors and logs.
+    fn kind(&self) -> &'static str;
+
+    /// What this backend declares it can do.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Takes the lock if it is free, else fails with [`crate::LockError::Busy`] at once, leaving
+    /// nothing queued in the backend. `ttl` is already rounded by
+    /// [`Capabilities::effective_ttl`].
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Grant>;
+
+    /// Takes the lock, waiting until `deadline` at most, then fails with
+    /// [`crate::LockError::Timeout`] leaving nothing queued.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves no lock held and nothing queued.
+    async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant>;
+
+    /// Resets the TTL of a grant we still hold; never re-creates it.
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal>;
+
+    /// Releases a grant; returns whether we still held it. Never touches another owner's lock.
+    async fn release(&self, key: &GrantKey) -> Result<bool>;
+}

@@ -1,0 +1,200 @@
+//! The user-facing entry point over any backend.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use crate::backend::{Grant, LockBackend};
+use crate::error::{LockError, Result};
+use crate::guarantee::{Capabilities, Guarantee};
+use crate::lease::{Lease, LeaseShared, LeaseState};
+use crate::name::LockName;
+use crate::options::AcquireOptions;
+use crate::signal::lost_signal;
+use crate::watchdog;
+
+/// Acquires leases from one backend. Cheap to clone; all clones share the backend client.
+///
+/// Every acquire validates the name and options before any I/O, refuses a `Correctness` request
+/// the backend cannot give, handles re-entrancy through [`crate::Owner`], and starts the lease's
+/// watchdog before returning.
+#[derive(Debug, Clone)]
+pub struct LockClient {
+    backend: Arc<dyn LockBackend>,
+}
+
+impl LockClient {
+    /// Wraps a backend.
+    pub fn new(backend: Arc<dyn LockBackend>) -> Self {
+        LockClient { backend }
+    }
+
+    /// The backend behind this client.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
+    /// What the backend declares it can do.
+    pub fn capabilities(&self) -> &Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// Checks that this backend can give `guarantee`, without any I/O.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] naming the backend and the missing capability.
+    pub fn check_guarantee(&self, guarantee: Guarantee) -> Result<()> {
+        match self.capabilities().refusal(guarantee) {
+            Some(why) => Err(LockError::unsupported_guarantee(
+                self.backend.kind(),
+                guarantee,
+                why,
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the lock if it is free; otherwise fails at once with [`LockError::Busy`] and leaves
+    /// nothing behind in the backend.
+    ///
+    /// # Errors
+    /// `Busy`; `InvalidName` / `InvalidConfig` / `Unsupported` before any I/O; `Lost` when
+    /// re-entering a lease that was lost; backend failures.
+    pub async fn try_acquire(&self, name: &str, opts: &AcquireOptions) -> Result<Lease> {
+        self.acquire_inner(name, opts, None).await
+    }
+
+    /// Takes the lock, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] when the wait runs out (nothing is left queued), and the errors of
+    /// [`LockClient::try_acquire`] other than `Busy`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any point leaves no lock held, nothing queued and nothing renewing.
+    pub async fn acquire(
+        &self,
+        name: &str,
+        opts: &AcquireOptions,
+        timeout: Duration,
+    ) -> Result<Lease> {
+        self.acquire_inner(name, opts, Some(Instant::now() + timeout))
+            .await
+    }
+
+    /// Like [`LockClient::acquire`], with an absolute deadline on tokio's clock.
+    pub async fn acquire_until(
+        &self,
+        name: &str,
+        opts: &AcquireOptions,
+        deadline: Instant,
+    ) -> Result<Lease> {
+        self.acquire_inner(name, opts, Some(deadline)).await
+    }
+
+    #[tracing::instrument(name = "distlock.acquire", skip_all, fields(lock = name, backend = self.backend.kind(), waiting = deadline.is_some()))]
+    async fn acquire_inner(
+        &self,
+        name: &str,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Lease> {
+        let name = LockName::new(name)?;
+        opts.validate()?;
+        self.check_guarantee(opts.guarantee)?;
+        let runtime = Handle::try_current().map_err(|_| LockError::Unsupported {
+            backend: self.backend.kind(),
+            what: "use outside a tokio runtime".to_string(),
+        })?;
+        let hold_key = (
+            Arc::as_ptr(&self.backend) as *const () as usize,
+            name.clone(),
+        );
+        if let Some(owner) = &opts.owner
+            && let Some(shared) = owner.held(&hold_key)
+            && let Some(lease) = reenter(shared)?
+        {
+            return Ok(lease);
+        }
+        let ttl = self.capabilities().effective_ttl(opts.ttl);
+        let grant = match deadline {
+            None => self.backend.try_acquire(&name, ttl).await?,
+            Some(d) => self.backend.acquire(&name, ttl, d).await?,
+        };
+        // From here to the return there is no await: a dropped future cannot leak the grant,
+        // because the lease (whose Drop releases) exists before any suspension point.
+        let lease = self.wrap(grant, opts, runtime, hold_key);
+        if opts.guarantee == Guarantee::Correctness && lease.fencing_token().is_none() {
+            return Err(LockError::unsupported_guarantee(
+                self.backend.kind(),
+                Guarantee::Correctness,
+                "the grant carried no fencing token",
+            ));
+        }
+        tracing::debug!(token = ?lease.fencing_token(), ttl = ?ttl, "distlock acquired");
+        Ok(lease)
+    }
+
+    fn wrap(
+        &self,
+        grant: Grant,
+        opts: &AcquireOptions,
+        runtime: Handle,
+        hold_key: (usize, LockName),
+    ) -> Lease {
+        let (trigger, _) = lost_signal();
+        let shared = Arc::new(LeaseShared {
+            backend: self.backend.clone(),
+            key: grant.key,
+            token: grant.token,
+            guarantee: opts.guarantee,
+            mode: opts.mode,
+            drift_factor: opts.drift_factor,
+            drift_floor: opts.drift_floor,
+            lost: trigger,
+            renew_gate: tokio::sync::Mutex::new(()),
+            runtime: runtime.clone(),
+            owner: opts.owner.clone().map(|o| (o, hold_key.clone())),
+            state: Mutex::new(LeaseState {
+                ttl: grant.ttl,
+                deadline: grant.sent_at,
+                holds: 1,
+                released: false,
+                watchdog: None,
+            }),
+        });
+        shared.state().deadline = shared.validity(grant.sent_at, grant.ttl);
+        let task = runtime.spawn(watchdog::supervise(
+            shared.clone(),
+            grant.sent_at,
+            grant.session,
+        ));
+        shared.state().watchdog = Some(task.abort_handle());
+        if let Some(owner) = &opts.owner {
+            owner.insert(hold_key, &shared);
+        }
+        Lease::new(shared)
+    }
+}
+
+/// Adds a hold to a lease this owner already has; `None` when it was released meanwhile (then
+/// the caller acquires anew).
+fn reenter(shared: Arc<LeaseShared>) -> Result<Option<Lease>> {
+    if let Some(reason) = shared.lost.fired() {
+        return Err(LockError::Lost {
+            name: shared.key.name.to_string(),
+            reason,
+        });
+    }
+    {
+        let mut st = shared.state();
+        if st.released {
+            return Ok(None);
+        }
+        st.holds += 1;
+    }
+    tracing::debug!(lock = %shared.key.name, token = ?shared.token, "distlock re-entered");
+    Ok(Some(Lease::new(shared)))
+}

@@ -1,0 +1,282 @@
+//! The in-memory reference backend.
+//!
+//! A [`MemoryStore`] plays the server; each [`MemoryBackend`] from [`MemoryStore::client`] is an
+//! independent client of it (a competitor in tests). It implements the whole contract: TTL
+//! expiry, a store-wide fencing sequence, FIFO waiters woken by notification (a waiter sleeps
+//! until a hand-over or the holder's expiry, never polls), client-side re-entrancy, the lost
+//! signal, and cancellation safety. It uses tokio's clock, so code under `tokio::time::pause()`
+//! tests lock expiry and renewal in simulated time.
+//!
+//! It gives `Correctness` within one process: the store is linearizable (one mutex) and its
+//! tokens strictly increase. It is no use across processes.
+//!
+//! Fault hook: [`MemoryBackend::set_reachable`] makes a client's calls fail as if its network
+//! were cut, while the store keeps running its TTLs.
+
+mod store;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+
+use crate::backend::{Grant, GrantKey, LockBackend, Renewal};
+use crate::error::{LockError, Result};
+use crate::fencing::FencingToken;
+use crate::guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
+use crate::name::LockName;
+use crate::owner::OwnerSecret;
+use store::{Handoff, State, Waiter};
+
+/// The shared lock state many [`MemoryBackend`] clients talk to. Clones share it.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("names", &self.lock().locks.len())
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A new, independent client of this store.
+    pub fn client(&self) -> MemoryBackend {
+        MemoryBackend {
+            store: self.clone(),
+            reachable: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the store keeps for `name`: a live holder counts 1, each queued waiter 1. Zero means
+    /// no artifact at all (tests use it to prove nothing was left behind).
+    pub fn artifacts(&self, name: &LockName) -> usize {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.settle(name.encoded(), now);
+        st.locks
+            .get(name.encoded())
+            .map_or(0, |e| usize::from(e.holder.is_some()) + e.waiters.len())
+    }
+
+    /// The fencing token of the live holder of `name`, if any.
+    pub fn holder_token(&self, name: &LockName) -> Option<FencingToken> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.settle(name.encoded(), now);
+        st.locks
+            .get(name.encoded())?
+            .holder
+            .as_ref()
+            .map(|h| FencingToken(h.token))
+    }
+}
+
+/// One client of a [`MemoryStore`]. `MemoryBackend::default()` brings its own store: the
+/// embedded default that needs no server.
+#[derive(Debug, Clone)]
+pub struct MemoryBackend {
+    store: MemoryStore,
+    reachable: Arc<AtomicBool>,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryStore::new().client()
+    }
+}
+
+const CAPABILITIES: Capabilities = Capabilities {
+    guarantee: Guarantee::Correctness,
+    fencing: Fencing::ClusterWide,
+    fifo: true,
+    reentrancy: Reentrancy::ClientSide,
+    ttl_granularity: Duration::from_millis(1),
+    min_ttl: Duration::from_millis(1),
+    wakeup: Wakeup::InProcess,
+};
+
+impl MemoryBackend {
+    /// The store this client talks to.
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    /// Cuts (`false`) or restores (`true`) this client's "network": while cut, every call fails
+    /// with a retryable backend error and the store keeps expiring TTLs.
+    pub fn set_reachable(&self, reachable: bool) {
+        self.reachable.store(reachable, Ordering::SeqCst);
+    }
+
+    fn check_reachable(&self) -> Result<()> {
+        if self.reachable.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(LockError::backend(
+                "memory",
+                true,
+                "client cut off from the store (fault hook)",
+            ))
+        }
+    }
+
+    fn grant(name: &LockName, secret: OwnerSecret, ttl: Duration, (token, at): Handoff) -> Grant {
+        Grant {
+            key: GrantKey {
+                name: name.clone(),
+                resource: name.encoded().to_string(),
+                secret,
+            },
+            token: Some(FencingToken(token)),
+            ttl,
+            sent_at: at,
+            session: None,
+        }
+    }
+}
+
+/// Leaves the queue when the waiting future ends or is dropped; releases a hand-over that
+/// arrived but was never seen.
+struct QueuedWaiter<'a> {
+    store: &'a MemoryStore,
+    key: &'a str,
+    id: u64,
+    secret: OwnerSecret,
+    rx: oneshot::Receiver<Handoff>,
+    done: bool,
+}
+
+impl Drop for QueuedWaiter<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.store.lock();
+        st.forget_waiter(self.key, self.id, now);
+        if self.rx.try_recv().is_ok() {
+            st.release(self.key, &self.secret, now);
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Grant> {
+        self.check_reachable()?;
+        let secret = OwnerSecret::random()?;
+        let now = Instant::now();
+        let token = self
+            .store
+            .lock()
+            .grant_now(name.encoded(), &secret, ttl, now);
+        match token {
+            Some(t) => Ok(Self::grant(name, secret, ttl, (t, now))),
+            None => Err(LockError::Busy {
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
+        self.check_reachable()?;
+        let secret = OwnerSecret::random()?;
+        let key = name.encoded();
+        let started = Instant::now();
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut st = self.store.lock();
+            if let Some(t) = st.grant_now(key, &secret, ttl, started) {
+                return Ok(Self::grant(name, secret, ttl, (t, started)));
+            }
+            st.last_waiter += 1;
+            let id = st.last_waiter;
+            let entry = st.locks.entry(key.to_string()).or_default();
+            entry.waiters.push_back(Waiter {
+                id,
+                secret: secret.clone(),
+                ttl,
+                tx,
+            });
+            id
+        };
+        let mut waiter = QueuedWaiter {
+            store: &self.store,
+            key,
+            id,
+            secret: secret.clone(),
+            rx,
+            done: false,
+        };
+        loop {
+            // Sleep until the hand-over, the holder's expiry (then settle hands it on), or the
+            // deadline; a missed notification cannot hang us past the holder's TTL.
+            let wake = self
+                .store
+                .lock()
+                .expiry(key)
+                .map_or(deadline, |e| e.min(deadline));
+            tokio::select! {
+                handoff = &mut waiter.rx => {
+                    waiter.done = true;
+                    let handoff = handoff.map_err(|_| LockError::backend("memory", true, "store dropped a waiter"))?;
+                    return Ok(Self::grant(name, secret, ttl, handoff));
+                }
+                _ = sleep_until(wake) => {
+                    let now = Instant::now();
+                    self.store.lock().settle(key, now);
+                    if now >= deadline && waiter.rx.is_empty() {
+                        return Err(LockError::Timeout {
+                            name: name.to_string(),
+                            waited: now - started,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
+        self.check_reachable()?;
+        let now = Instant::now();
+        let mut st = self.store.lock();
+        Ok(match st.held_by(&key.resource, &key.secret, now) {
+            Some(h) => {
+                h.expires = now + ttl;
+                Renewal::Renewed
+            }
+            None => Renewal::NotHeld,
+        })
+    }
+
+    async fn release(&self, key: &GrantKey) -> Result<bool> {
+        self.check_reachable()?;
+        Ok(self
+            .store
+            .lock()
+            .release(&key.resource, &key.secret, Instant::now()))
+    }
+}

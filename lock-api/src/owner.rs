@@ -1,0 +1,107 @@
+//! Owner handles (re-entrancy) and owner secrets (proof of holding).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::error::{LockError, Result};
+use crate::lease::LeaseShared;
+use crate::name::LockName;
+
+/// A random 128-bit secret that proves a lease is ours: whoever knows it can renew or release
+/// the lock. Drawn from the OS RNG for every acquisition. `Debug` never prints it, and no log
+/// line or error carries it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OwnerSecret([u8; 16]);
+
+impl OwnerSecret {
+    /// A fresh secret from the operating system's RNG.
+    ///
+    /// # Errors
+    /// A non-retryable backend error if the OS RNG fails (it does not on supported platforms).
+    pub fn random() -> Result<Self> {
+        let mut b = [0u8; 16];
+        getrandom::fill(&mut b).map_err(|e| LockError::backend("os-rng", false, e.to_string()))?;
+        Ok(OwnerSecret(b))
+    }
+
+    /// The secret as 32 lowercase hex characters, for writing into the backend. Backends only.
+    pub fn expose_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for OwnerSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OwnerSecret(<redacted>)")
+    }
+}
+
+type HoldKey = (usize, LockName);
+
+/// A re-entrancy owner. Async tasks have no thread identity, so the caller creates an `Owner`
+/// and passes it down (clones are the same owner). An acquire of a name this owner already holds
+/// through the same backend is granted at once, keeps the fencing token, and adds one to the
+/// hold count; the lock is released when every one of those leases is released or dropped.
+#[derive(Clone, Default)]
+pub struct Owner {
+    holds: Arc<Mutex<HashMap<HoldKey, Weak<LeaseShared>>>>,
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.lock().len();
+        f.debug_struct("Owner").field("held_names", &n).finish()
+    }
+}
+
+impl Owner {
+    /// A new owner holding nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<HoldKey, Weak<LeaseShared>>> {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn held(&self, key: &HoldKey) -> Option<Arc<LeaseShared>> {
+        let mut holds = self.lock();
+        match holds.get(key).and_then(Weak::upgrade) {
+            Some(shared) => Some(shared),
+            None => {
+                holds.remove(key);
+                None
+            }
+        }
+    }
+
+    pub(crate) fn insert(&self, key: HoldKey, shared: &Arc<LeaseShared>) {
+        self.lock().insert(key, Arc::downgrade(shared));
+    }
+
+    pub(crate) fn forget(&self, key: &HoldKey, shared: &LeaseShared) {
+        let mut holds = self.lock();
+        if holds
+            .get(key)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), shared))
+        {
+            holds.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_random_and_never_printed() {
+        let a = OwnerSecret::random().unwrap();
+        let b = OwnerSecret::random().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.expose_hex().len(), 32);
+        let dbg = format!("{a:?}");
+        assert!(!dbg.contains(&a.expose_hex()), "{dbg}");
+    }
+}

@@ -1,0 +1,527 @@
+//! The contract, proven on the in-memory reference backend in simulated time.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::memory::{MemoryBackend, MemoryStore};
+use distlock_api::{
+    AcquireOptions, Capabilities, Fencing, Grant, GrantKey, Guarantee, LockBackend, LockClient,
+    LockError, LockName, LostReason, Owner, Renewal,
+};
+use tokio::time::{Instant, advance, sleep};
+
+const TTL: Duration = Duration::from_secs(3);
+
+/// A memory client that counts renewals and can pretend to be an efficiency-only backend.
+#[derive(Debug)]
+struct Probe {
+    inner: MemoryBackend,
+    renewals: AtomicUsize,
+    caps: Capabilities,
+}
+
+impl Probe {
+    fn new(inner: MemoryBackend) -> Arc<Self> {
+        let caps = inner.capabilities().clone();
+        Arc::new(Probe {
+            inner,
+            renewals: AtomicUsize::new(0),
+            caps,
+        })
+    }
+}
+
+#[async_trait]
+impl LockBackend for Probe {
+    fn kind(&self) -> &'static str {
+        "probe"
+    }
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> distlock_api::Result<Grant> {
+        self.inner.try_acquire(name, ttl).await
+    }
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> distlock_api::Result<Grant> {
+        self.inner.acquire(name, ttl, deadline).await
+    }
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> distlock_api::Result<Renewal> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.inner.renew(key, ttl).await
+    }
+    async fn release(&self, key: &GrantKey) -> distlock_api::Result<bool> {
+        self.inner.release(key).await
+    }
+}
+
+fn pair() -> (MemoryStore, LockClient, LockClient, MemoryBackend) {
+    let store = MemoryStore::new();
+    let a = store.client();
+    let b = store.client();
+    (
+        store,
+        LockClient::new(Arc::new(a.clone())),
+        LockClient::new(Arc::new(b)),
+        a,
+    )
+}
+
+fn name(s: &str) -> LockName {
+    LockName::new(s).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_carries_name_token_and_local_validity() {
+    let (_, a, _, _) = pair();
+    let sent = Instant::now();
+    let lease = a
+        .try_acquire("job", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    assert_eq!(lease.name().as_str(), "job");
+    assert!(lease.fencing_token().is_some());
+    assert_eq!(lease.backend(), "memory");
+    // Measured from the send time, minus 1 % + 2 ms of drift.
+    let drift = TTL.mul_f64(0.01) + Duration::from_millis(2);
+    assert_eq!(lease.valid_until(), sent + TTL - drift);
+    advance(Duration::from_millis(500)).await;
+    assert!(lease.remaining() <= TTL - drift - Duration::from_millis(500));
+    assert!(lease.remaining() > Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dyn_backend_and_correctness_refusal() {
+    let probe = Probe::new(MemoryBackend::default());
+    let mut caps = probe.caps.clone();
+    caps.guarantee = Guarantee::Efficiency;
+    caps.fencing = Fencing::PerNameWhileServerKeepsData;
+    let weak: Arc<dyn LockBackend> = Arc::new(Probe {
+        inner: MemoryBackend::default(),
+        renewals: AtomicUsize::new(0),
+        caps,
+    });
+    let client = LockClient::new(weak);
+    let opts = AcquireOptions::with_ttl(TTL).guarantee(Guarantee::Correctness);
+    match client.try_acquire("pay", &opts).await {
+        Err(LockError::Unsupported { backend, what }) => {
+            assert_eq!(backend, "probe");
+            assert!(what.contains("correctness"), "{what}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    // The same call site on an efficiency lock works, and the strong backend grants correctness.
+    client
+        .try_acquire("pay", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    let strong = LockClient::new(probe);
+    let lease = strong.try_acquire("pay", &opts).await.unwrap();
+    assert_eq!(lease.guarantee(), Guarantee::Correctness);
+    assert!(lease.fencing_token().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn watchdog_keeps_the_lease_across_five_ttls() {
+    let (_, a, b, _) = pair();
+    let lease = a
+        .try_acquire("w", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    let until = Instant::now() + TTL * 5;
+    while Instant::now() < until {
+        assert!(matches!(
+            b.try_acquire("w", &AcquireOptions::with_ttl(TTL)).await,
+            Err(LockError::Busy { .. })
+        ));
+        sleep(Duration::from_millis(250)).await;
+    }
+    assert!(lease.lost_reason().is_none());
+    assert!(lease.remaining() > TTL / 2);
+    assert!(lease.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_signal_fires_before_a_competitor_can_acquire() {
+    let (_, a, b, a_raw) = pair();
+    let lease = a
+        .try_acquire("cut", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    let signal = lease.lost_signal();
+    let lost_at = Arc::new(Mutex::new(None));
+    let l2 = lost_at.clone();
+    tokio::spawn(async move {
+        let reason = signal.wait().await;
+        *l2.lock().unwrap() = Some((Instant::now(), reason));
+    });
+    sleep(Duration::from_millis(100)).await;
+    a_raw.set_reachable(false);
+    let competitor = loop {
+        match b.try_acquire("cut", &AcquireOptions::with_ttl(TTL)).await {
+            Ok(l) => break l,
+            Err(LockError::Busy { .. }) => sleep(Duration::from_millis(5)).await,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let won_at = Instant::now();
+    let (fired_at, reason) = lost_at.lock().unwrap().expect("lost signal fired");
+    assert_eq!(reason, LostReason::RenewalFailed);
+    assert!(
+        fired_at < won_at,
+        "lost at {fired_at:?}, competitor at {won_at:?}"
+    );
+    assert!(lease.remaining().is_zero());
+    assert!(competitor.fencing_token() > lease.fencing_token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_renewal_fires_lost_at_once() {
+    let (store, a, _, _) = pair();
+    let lease = a
+        .try_acquire("r", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .unwrap();
+    // The lock expires server-side; a manual renewal is refused and does not re-create it.
+    advance(TTL + Duration::from_millis(1)).await;
+    match lease.renew(TTL).await {
+        Err(LockError::Lost { reason, .. }) => {
+            assert!(matches!(
+                reason,
+                LostReason::Expired | LostReason::RenewalRefused
+            ))
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert_eq!(
+        store.artifacts(&name("r")),
+        0,
+        "renew must never re-create the lock"
+    );
+    assert!(lease.lost_reason().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn fixed_lease_expires_locally_before_the_store() {
+    let (store, a, _, _) = pair();
+    let lease = a
+        .try_acquire("f", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .unwrap();
+    let reason = lease.lost().await;
+    assert_eq!(reason, LostReason::Expired);
+    // The local deadline came first: the store still shows the holder for the drift margin.
+    assert_eq!(store.artifacts(&name("f")), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn manual_renew_extends_the_deadline() {
+    let (_, a, _, _) = pair();
+    let lease = a
+        .try_acquire("m", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .unwrap();
+    advance(Duration::from_secs(2)).await;
+    lease.renew(Duration::from_secs(10)).await.unwrap();
+    assert!(lease.remaining() > Duration::from_secs(9));
+    advance(Duration::from_secs(5)).await;
+    assert!(lease.lost_reason().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_renewal_after_release() {
+    let probe = Probe::new(MemoryBackend::default());
+    let client = LockClient::new(probe.clone());
+    let lease = client
+        .try_acquire("n", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    sleep(TTL * 2).await;
+    let before = probe.renewals.load(Ordering::SeqCst);
+    assert!(before >= 5, "watchdog renewed {before} times in 2 TTLs");
+    assert!(lease.release().await.unwrap());
+    sleep(TTL * 10).await;
+    assert_eq!(probe.renewals.load(Ordering::SeqCst), before);
+    assert_eq!(probe.inner.store().artifacts(&name("n")), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_after_expiry_leaves_the_next_holder_alone() {
+    let (store, a, b, _) = pair();
+    let old = a
+        .try_acquire("x", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .unwrap();
+    advance(TTL * 2).await;
+    let new = b
+        .try_acquire("x", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    assert!(
+        !old.release().await.unwrap(),
+        "release after expiry reports not held"
+    );
+    assert_eq!(store.holder_token(&name("x")), new.fencing_token());
+    assert!(matches!(
+        a.try_acquire("x", &AcquireOptions::with_ttl(TTL)).await,
+        Err(LockError::Busy { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_strictly_increase_across_handovers_and_expiry() {
+    let (_, a, b, _) = pair();
+    let mut last = None;
+    for i in 0..60 {
+        let client = if i % 2 == 0 { &a } else { &b };
+        let opts = AcquireOptions::with_ttl(TTL).fixed();
+        let lease = client.acquire("t", &opts, TTL * 3).await.unwrap();
+        let token = lease.fencing_token();
+        assert!(token > last, "{token:?} after {last:?}");
+        last = token;
+        match i % 3 {
+            0 => assert!(lease.release().await.unwrap()),
+            1 => drop(lease),
+            _ => {
+                // Expire without release; the next acquire waits for the TTL.
+                std::mem::forget(lease);
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_granted_in_arrival_order_by_notification() {
+    let store = MemoryStore::new();
+    let holder = LockClient::new(Arc::new(store.client()));
+    let lease = holder
+        .try_acquire("q", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let c = LockClient::new(Arc::new(store.client()));
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let l = c
+                .acquire("q", &AcquireOptions::with_ttl(TTL), Duration::from_secs(60))
+                .await
+                .unwrap();
+            order.lock().unwrap().push((i, Instant::now()));
+            l.release().await.unwrap();
+        }));
+        // Each waiter is queued before the next one starts.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.artifacts(&name("q")), 11);
+    sleep(Duration::from_millis(50)).await;
+    let released_at = Instant::now();
+    lease.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap();
+    let ids: Vec<_> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids, (0..10).collect::<Vec<_>>());
+    // Woken by the release itself, not a poll tick: no simulated time passed.
+    assert_eq!(order[0].1, released_at);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reentrant_owner_keeps_token_and_counts_holds() {
+    let (_, a, b, _) = pair();
+    let owner = Owner::new();
+    let opts = AcquireOptions::with_ttl(TTL).owner(&owner);
+    let outer = a.try_acquire("re", &opts).await.unwrap();
+    let inner = a.acquire("re", &opts, Duration::ZERO).await.unwrap();
+    assert_eq!(outer.fencing_token(), inner.fencing_token());
+    assert_eq!(outer.hold_count(), 2);
+    assert!(inner.release().await.unwrap());
+    assert_eq!(outer.hold_count(), 1);
+    assert!(matches!(
+        b.try_acquire("re", &AcquireOptions::with_ttl(TTL)).await,
+        Err(LockError::Busy { .. })
+    ));
+    // Without the owner, the same client is a different owner and is refused.
+    assert!(matches!(
+        a.try_acquire("re", &AcquireOptions::with_ttl(TTL)).await,
+        Err(LockError::Busy { .. })
+    ));
+    assert!(outer.release().await.unwrap());
+    b.try_acquire("re", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_acquire_future_leaves_nothing() {
+    let (store, a, b, _) = pair();
+    let lease = a
+        .try_acquire("d", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    // Dropped while queued.
+    let r = tokio::time::timeout(
+        Duration::from_millis(100),
+        b.acquire("d", &AcquireOptions::with_ttl(TTL), TTL * 10),
+    )
+    .await;
+    assert!(r.is_err());
+    assert_eq!(store.artifacts(&name("d")), 1);
+    // Dropped right after the store handed it the lock, before it ran again.
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move {
+        b2.acquire("d", &AcquireOptions::with_ttl(TTL), TTL * 10)
+            .await
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(store.artifacts(&name("d")), 2);
+    lease.release().await.unwrap();
+    waiter.abort();
+    let _ = waiter.await;
+    tokio::task::yield_now().await;
+    assert_eq!(
+        store.artifacts(&name("d")),
+        0,
+        "nothing held, nothing queued"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeout_is_typed_and_leaves_no_waiter() {
+    let (store, a, b, _) = pair();
+    let _held = a
+        .try_acquire("to", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    match b
+        .acquire(
+            "to",
+            &AcquireOptions::with_ttl(TTL),
+            Duration::from_millis(500),
+        )
+        .await
+    {
+        Err(LockError::Timeout { name, waited }) => {
+            assert_eq!(name, "to");
+            assert_eq!(waited, Duration::from_millis(500));
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert_eq!(Instant::now() - start, Duration::from_millis(500));
+    assert_eq!(store.artifacts(&name("to")), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiter_gets_the_lock_when_the_holder_expires() {
+    let (_, a, b, _) = pair();
+    let old = a
+        .try_acquire("e", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let new = b
+        .acquire("e", &AcquireOptions::with_ttl(TTL), TTL * 2)
+        .await
+        .unwrap();
+    assert_eq!(Instant::now() - start, TTL);
+    assert!(new.fencing_token() > old.fencing_token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_lease_is_released_in_the_background() {
+    let (store, a, b, _) = pair();
+    let lease = a
+        .try_acquire("bg", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    drop(lease);
+    tokio::task::yield_now().await;
+    assert_eq!(store.artifacts(&name("bg")), 0);
+    b.try_acquire("bg", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_names_and_options_are_rejected_before_io() {
+    let (_, a, _, a_raw) = pair();
+    a_raw.set_reachable(false);
+    for bad in ["", "nul\0inside", "new\nline"] {
+        match a.try_acquire(bad, &AcquireOptions::with_ttl(TTL)).await {
+            Err(LockError::InvalidName { name, .. }) => assert_eq!(name, bad),
+            other => panic!("{bad:?}: expected InvalidName, got {other:?}"),
+        }
+    }
+    let long = "x".repeat(2000);
+    let err = a
+        .try_acquire(&long, &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(&long));
+    match a
+        .try_acquire("ok", &AcquireOptions::with_ttl(Duration::ZERO))
+        .await
+    {
+        Err(LockError::InvalidConfig { key, .. }) => assert_eq!(key, "ttl"),
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+    // A valid call does reach the (cut) backend: a retryable backend error.
+    let err = a
+        .try_acquire("ok", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn secrets_stay_out_of_debug_output() {
+    let (_, a, _, _) = pair();
+    let lease = a
+        .try_acquire("s", &AcquireOptions::with_ttl(TTL))
+        .await
+        .unwrap();
+    let dbg = format!("{lease:?}");
+    assert!(dbg.contains("\"s\""), "{dbg}");
+    assert!(!dbg.to_lowercase().contains("secret"), "{dbg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_under_contention_real_time() {
+    let store = MemoryStore::new();
+    let counter = Arc::new(Mutex::new(0u64));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let c = LockClient::new(Arc::new(store.client()));
+        let counter = counter.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..100 {
+                let l = c
+                    .acquire(
+                        "mx",
+                        &AcquireOptions::with_ttl(TTL),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+                let v = *counter.lock().unwrap();
+                tokio::task::yield_now().await;
+                *counter.lock().unwrap() = v + 1;
+                l.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*counter.lock().unwrap(), 1600);
+}
