@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The one command that passes every test (README.md, .ci/run). It installs what is missing from
+# Debian's packages, runs the whole workspace's tests against real servers the harness starts on
+# loopback, and fails if any server process outlives the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v etcd >/dev/null || need+=(etcd-server)
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
+command -v java >/dev/null || need+=(default-jre-headless)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing ${need[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+servers='/usr/bin/redis-server|/usr/bin/etcd|zookeeper\.jar'
+before=$(pgrep -f "$servers" | sort || true)
+
+echo "== format and lints"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+echo "== tests"
+# Two threads: the server suites share the machine's 2 cores with the servers they start.
+cargo test --workspace -- --test-threads=2
+
+after=$(pgrep -f "$servers" | sort || true)
+leaked=$(comm -13 <(echo "$before") <(echo "$after") | sed '/^$/d')
+if [ -n "$leaked" ]; then
+  echo "server processes outlived the tests:"; ps -o pid,args -p $(echo $leaked | tr ' ' ',')
+  exit 1
+fi
+echo "== no server process left running"
