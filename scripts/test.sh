@@ -27,7 +27,10 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 echo "== tests"
 # Two threads: the server suites share the machine's 2 cores with the servers they start.
-cargo test --workspace -- --test-threads=2
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace -- --test-threads=2 2>&1 | tee "$log"
+read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log")
 
 after=$(pgrep -f "$servers" | sort || true)
 leaked=$(comm -13 <(echo "$before") <(echo "$after") | sed '/^$/d')
@@ -36,3 +39,4 @@ if [ -n "$leaked" ]; then
   exit 1
 fi
 echo "== no server process left running"
+echo "tests: $passed passed, $failed failed"

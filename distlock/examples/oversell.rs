@@ -52,11 +52,18 @@ async fn run(mode: Mode) -> (Outcome, u64) {
         pods.push(tokio::spawn(async move {
             let mut out = Outcome::default();
             // A paused process cannot renew: the lease is fixed, as the watchdog would be frozen too.
-            let opts = AcquireOptions::with_ttl(TTL).fixed().guarantee(Guarantee::Correctness);
+            let opts = AcquireOptions::with_ttl(TTL)
+                .fixed()
+                .guarantee(Guarantee::Correctness);
             for round in 0.. {
                 let lease = match mode {
                     Mode::NoLock => None,
-                    _ => Some(locks.acquire("stock:sku-42", &opts, Duration::from_secs(10)).await.expect("acquire")),
+                    _ => Some(
+                        locks
+                            .acquire("stock:sku-42", &opts, Duration::from_secs(10))
+                            .await
+                            .expect("acquire"),
+                    ),
                 };
                 let seen = *db.stock.lock().expect("stock");
                 if seen == 0 {
@@ -64,7 +71,9 @@ async fn run(mode: Mode) -> (Outcome, u64) {
                 }
                 // The read-modify-write window: a database round trip.
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                let paused = matches!(mode, Mode::PausedUnfenced | Mode::PausedFenced) && pod == 0 && round == 3;
+                let paused = matches!(mode, Mode::PausedUnfenced | Mode::PausedFenced)
+                    && pod == 0
+                    && round == 3;
                 if paused {
                     tokio::time::sleep(PAUSE).await;
                 }
@@ -101,14 +110,22 @@ async fn run(mode: Mode) -> (Outcome, u64) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
-    println!("{PODS} pods sell from {STOCK} units (backend: memory, lock TTL {TTL:?}, pause {PAUSE:?})\n");
+    println!(
+        "{PODS} pods sell from {STOCK} units (backend: memory, lock TTL {TTL:?}, pause {PAUSE:?})\n"
+    );
     println!("| scenario | sold | final stock | stale writes rejected | verdict |");
     println!("|---|---:|---:|---:|---|");
     for (mode, label) in [
         (Mode::NoLock, "no lock"),
         (Mode::Locked, "distributed lock"),
-        (Mode::PausedUnfenced, "lock, holder paused past TTL, unfenced write"),
-        (Mode::PausedFenced, "lock, holder paused past TTL, fenced write"),
+        (
+            Mode::PausedUnfenced,
+            "lock, holder paused past TTL, unfenced write",
+        ),
+        (
+            Mode::PausedFenced,
+            "lock, holder paused past TTL, fenced write",
+        ),
     ] {
         let (o, left) = run(mode).await;
         let verdict = match o.sold.cmp(&STOCK) {
@@ -116,6 +133,9 @@ async fn main() {
             std::cmp::Ordering::Equal => "exact".to_string(),
             std::cmp::Ordering::Less => format!("undersold by {}", STOCK - o.sold),
         };
-        println!("| {label} | {} | {left} | {} | {verdict} |", o.sold, o.rejected);
+        println!(
+            "| {label} | {} | {left} | {} | {verdict} |",
+            o.sold, o.rejected
+        );
     }
 }

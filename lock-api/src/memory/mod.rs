@@ -15,12 +15,11 @@
 
 mod store;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until};
 
 use crate::backend::{Grant, GrantKey, LockBackend, Renewal};
@@ -55,7 +54,7 @@ impl MemoryStore {
     pub fn client(&self) -> MemoryBackend {
         MemoryBackend {
             store: self.clone(),
-            reachable: Arc::new(AtomicBool::new(true)),
+            link: Arc::new(watch::Sender::new(true)),
         }
     }
 
@@ -92,7 +91,8 @@ impl MemoryStore {
 #[derive(Debug, Clone)]
 pub struct MemoryBackend {
     store: MemoryStore,
-    reachable: Arc<AtomicBool>,
+    /// `true` while the client's "network" is up; waiters watch it to fail when it goes down.
+    link: Arc<watch::Sender<bool>>,
 }
 
 impl Default for MemoryBackend {
@@ -118,20 +118,17 @@ impl MemoryBackend {
     }
 
     /// Cuts (`false`) or restores (`true`) this client's "network": while cut, every call fails
-    /// with a retryable backend error and the store keeps expiring TTLs.
+    /// with a retryable backend error, its waiters give up with that error (as a waiter whose
+    /// session died), and the store keeps expiring TTLs.
     pub fn set_reachable(&self, reachable: bool) {
-        self.reachable.store(reachable, Ordering::SeqCst);
+        self.link.send_replace(reachable);
     }
 
     fn check_reachable(&self) -> Result<()> {
-        if self.reachable.load(Ordering::SeqCst) {
+        if *self.link.borrow() {
             Ok(())
         } else {
-            Err(LockError::backend(
-                "memory",
-                true,
-                "client cut off from the store (fault hook)",
-            ))
+            Err(cut_off())
         }
     }
 
@@ -148,6 +145,10 @@ impl MemoryBackend {
             session: None,
         }
     }
+}
+
+fn cut_off() -> LockError {
+    LockError::backend("memory", true, "client cut off from the store (fault hook)")
 }
 
 /// Leaves the queue when the waiting future ends or is dropped; releases a hand-over that
@@ -231,6 +232,7 @@ impl LockBackend for MemoryBackend {
             rx,
             done: false,
         };
+        let mut link = self.link.subscribe();
         loop {
             // Sleep until the hand-over, the holder's expiry (then settle hands it on), or the
             // deadline; a missed notification cannot hang us past the holder's TTL.
@@ -245,6 +247,7 @@ impl LockBackend for MemoryBackend {
                     let handoff = handoff.map_err(|_| LockError::backend("memory", true, "store dropped a waiter"))?;
                     return Ok(Self::grant(name, secret, ttl, handoff));
                 }
+                _ = link.wait_for(|up| !up) => return Err(cut_off()),
                 _ = sleep_until(wake) => {
                     let now = Instant::now();
                     self.store.lock().settle(key, now);

@@ -1,0 +1,58 @@
+//! What a backend gives the suite: independent clients of one deployment, a peek at what the
+//! backend stores, and fault hooks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{Capabilities, LockBackend, LockName};
+
+/// Cuts one client off from the servers and restores it.
+pub trait Cut: Send + Sync {
+    /// From now on, the client's traffic goes nowhere (its calls fail or hang until timeout).
+    fn cut(&self);
+    /// Traffic flows again.
+    fn restore(&self);
+}
+
+/// Process-level faults on the servers of a deployment.
+pub trait ServerFaults: Send + Sync {
+    /// SIGKILL every server of the deployment.
+    fn kill_all(&self);
+    /// Start them again (same ports) and wait until they serve.
+    fn restart_all(&self);
+}
+
+/// One deployment of one backend (a memory store, a Redis server, an etcd cluster, ...).
+///
+/// Scenarios take every client they need from [`Deployment::client`]: a competitor is always a
+/// separate connection / session / lease, never the same client object.
+#[async_trait]
+pub trait Deployment: Send + Sync {
+    /// The backend's label in test names and the matrix (`memory`, `redis`, `etcd`, ...).
+    fn label(&self) -> &'static str;
+
+    /// What the backend declares.
+    fn capabilities(&self) -> Capabilities;
+
+    /// A new, independent client.
+    async fn client(&self) -> Arc<dyn LockBackend>;
+
+    /// A new, independent client whose traffic can be cut.
+    async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>);
+
+    /// How many artifacts the backend keeps for `name` (a live holder key, queued waiter keys or
+    /// nodes); read from the server, not from a client's memory.
+    async fn artifacts(&self, name: &LockName) -> usize;
+
+    /// The lease TTL the scenarios use on this backend (short, so the suite stays fast).
+    fn ttl(&self) -> Duration;
+
+    /// How long after the TTL the server may take to free a dead holder's lock.
+    fn expiry_slack(&self) -> Duration;
+
+    /// Server faults, when the deployment runs server processes of its own.
+    fn servers(&self) -> Option<&dyn ServerFaults> {
+        None
+    }
+}

@@ -1,0 +1,130 @@
+//! etcd: one member or a cluster of N on loopback.
+
+use std::time::Duration;
+
+use super::{HarnessError, ServerProcess, TempDir, ask, free_port, local, require};
+
+const BINARY: &str = "/usr/bin/etcd";
+
+/// An etcd cluster of 1 or more members on free loopback ports.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    /// Client ports, member i at index i.
+    pub client_ports: Vec<u16>,
+    /// The members' processes, for faults.
+    pub members: Vec<ServerProcess>,
+    _dir: TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until each reports healthy (the cluster has a leader).
+    pub fn start(n: usize) -> Result<Self, HarnessError> {
+        require(BINARY, "etcd-server")?;
+        let dir = TempDir::new("etcd").map_err(|source| HarnessError::Io {
+            server: "etcd".into(),
+            source,
+        })?;
+        let client_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let peer_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let initial: Vec<String> = peer_ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("e{i}=http://127.0.0.1:{p}"))
+            .collect();
+        let initial = initial.join(",");
+        // Start every member before waiting: a member is only healthy once a quorum runs.
+        let mut pending = Vec::new();
+        for i in 0..n {
+            let (c, p) = (client_ports[i], peer_ports[i]);
+            let data = dir.path().join(format!("e{i}"));
+            let args: Vec<String> = vec![
+                format!("--name=e{i}"),
+                format!("--data-dir={}", data.display()),
+                format!("--listen-client-urls=http://127.0.0.1:{c}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{c}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{p}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{p}"),
+                format!("--initial-cluster={initial}"),
+                "--initial-cluster-state=new".into(),
+                "--initial-cluster-token=distlock-test".into(),
+                "--heartbeat-interval=100".into(),
+                "--election-timeout=1000".into(),
+                "--logger=zap".into(),
+                "--log-level=warn".into(),
+            ];
+            pending.push((i, args, dir.path().join(format!("e{i}.log"))));
+        }
+        let members = std::thread::scope(|s| {
+            let handles: Vec<_> = pending
+                .into_iter()
+                .map(|(i, args, log)| {
+                    let port = client_ports[i];
+                    s.spawn(move || {
+                        ServerProcess::start(
+                            format!("etcd e{i} :{port}"),
+                            BINARY.into(),
+                            args.into_iter().map(Into::into).collect(),
+                            log,
+                            Box::new(move || healthy(port)),
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| panic!("etcd start thread panicked"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        Ok(EtcdCluster {
+            client_ports,
+            members,
+            _dir: dir,
+        })
+    }
+
+    /// The client endpoints, `127.0.0.1:<port>` each.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.client_ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// `etcd://h1:p1,h2:p2,...`.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.endpoints().join(","))
+    }
+
+    /// Index of the member that is leader now, if any answers (from the v3 gateway's
+    /// `maintenance/status`: a member leads when its `leader` equals its own `member_id`).
+    pub fn leader(&self) -> Option<usize> {
+        self.client_ports.iter().position(|&p| {
+            ask(
+                local(p),
+                b"POST /v3/maintenance/status HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+                Duration::from_secs(1),
+            )
+            .and_then(|r| Some(json_field(&r, "member_id")? == json_field(&r, "leader")?))
+            .unwrap_or(false)
+        })
+    }
+}
+
+/// The string value of `"field":"..."` in a small JSON answer.
+fn json_field(text: &str, field: &str) -> Option<String> {
+    let start = text.find(&format!("\"{field}\":\""))? + field.len() + 4;
+    let end = text[start..].find('"')? + start;
+    Some(text[start..end].to_string())
+}
+
+fn healthy(port: u16) -> bool {
+    ask(
+        local(port),
+        b"GET /health HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(1),
+    )
+    .is_some_and(|r| r.contains("\"health\":\"true\""))
+}

@@ -1,0 +1,139 @@
+//! Real servers for the tests: started on free loopback ports with temp data dirs, probed until
+//! ready, and stopped when their handle drops, also after a panic. Every server is spawned from
+//! one long-lived thread with `PR_SET_PDEATHSIG = SIGKILL`, so even a test process that dies
+//! without unwinding takes its servers with it.
+//!
+//! Single servers and multi-node deployments: [`RedisServer`] / [`RedisMasters`],
+//! [`EtcdCluster`] (1 or 3 members), [`ZkEnsemble`] (standalone or 3 nodes). Fault hooks:
+//! [`ServerProcess::kill`], [`ServerProcess::restart`], [`ServerProcess::pause`] /
+//! [`ServerProcess::resume`], and the TCP [`Proxy`] between a client and a server.
+
+mod etcd;
+mod process;
+mod proxy;
+mod redis;
+mod zookeeper;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub use etcd::EtcdCluster;
+pub use process::ServerProcess;
+pub use proxy::{Proxy, ProxyMode};
+pub use redis::{RedisMasters, RedisServer};
+pub use zookeeper::ZkEnsemble;
+
+/// Why a server could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// The server binary is not installed.
+    #[error(
+        "{binary} is not installed: run `apt-get install {package}` (or `bash scripts/test.sh`, which does)"
+    )]
+    Missing {
+        /// The missing file.
+        binary: String,
+        /// The Debian package that provides it.
+        package: &'static str,
+    },
+    /// The server did not become ready in time.
+    #[error("{server} was not ready after {after:?}; last log lines:\n{log}")]
+    NotReady {
+        /// Which server.
+        server: String,
+        /// How long we waited.
+        after: Duration,
+        /// The tail of its log.
+        log: String,
+    },
+    /// Spawning or preparing the server failed.
+    #[error("starting {server}: {source}")]
+    Io {
+        /// Which server.
+        server: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Checks that `path` exists, else names the package to install.
+pub fn require(path: &str, package: &'static str) -> Result<(), HarnessError> {
+    if Path::new(path).exists() {
+        Ok(())
+    } else {
+        Err(HarnessError::Missing {
+            binary: path.to_string(),
+            package,
+        })
+    }
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    // Binding port 0 lets the kernel pick an unused port; it stays unused for a while after.
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+/// A temporary directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `<tmp>/distlock-<label>-<pid>-<n>`.
+    pub fn new(label: &str) -> std::io::Result<Self> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "distlock-{label}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(TempDir(dir))
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Sends `request` to `addr` and returns what the server answered before closing or timing out.
+pub(crate) fn ask(addr: SocketAddr, request: &[u8], timeout: Duration) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    s.write_all(request).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.len() > 64 * 1024 {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    (!buf.is_empty()).then(|| String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// A loopback address.
+pub(crate) fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}

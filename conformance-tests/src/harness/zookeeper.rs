@@ -1,0 +1,130 @@
+//! ZooKeeper from Debian's `zookeeper` jar, run with `java`: standalone or an ensemble.
+
+use std::time::Duration;
+
+use super::{HarnessError, ServerProcess, TempDir, ask, free_port, local, require};
+
+const JAR: &str = "/usr/share/java/zookeeper.jar";
+const JAVA: &str = "/usr/bin/java";
+
+/// A standalone ZooKeeper (n = 1) or an ensemble of n nodes on free loopback ports.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    /// Client ports, node i at index i.
+    pub client_ports: Vec<u16>,
+    /// The nodes' processes, for faults.
+    pub nodes: Vec<ServerProcess>,
+    _dir: TempDir,
+}
+
+impl ZkEnsemble {
+    /// Starts the nodes (small heaps, serial GC, admin server off, so they fit 2 cores) and waits
+    /// until each serves (`srvr` reports standalone, leader or follower).
+    pub fn start(n: usize) -> Result<Self, HarnessError> {
+        require(JAVA, "default-jre-headless")?;
+        require(JAR, "zookeeper")?;
+        let dir = TempDir::new("zk").map_err(|source| HarnessError::Io {
+            server: "zookeeper".into(),
+            source,
+        })?;
+        let io = |source| HarnessError::Io {
+            server: "zookeeper".into(),
+            source,
+        };
+        let client_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let quorum: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let mut pending = Vec::new();
+        for (i, &port) in client_ports.iter().enumerate() {
+            let data = dir.path().join(format!("z{i}"));
+            std::fs::create_dir_all(&data).map_err(io)?;
+            let mut cfg = format!(
+                "tickTime=200\ninitLimit=20\nsyncLimit=5\ndataDir={}\nclientPort={port}\n\
+                 clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+                 4lw.commands.whitelist=srvr,ruok,stat,mntr\nmaxSessionTimeout=60000\n",
+                data.display()
+            );
+            if n > 1 {
+                std::fs::write(data.join("myid"), format!("{}\n", i + 1)).map_err(io)?;
+                for (j, (p1, p2)) in quorum.iter().enumerate() {
+                    cfg.push_str(&format!("server.{}=127.0.0.1:{p1}:{p2}\n", j + 1));
+                }
+            }
+            let cfg_path = dir.path().join(format!("zoo{i}.cfg"));
+            std::fs::write(&cfg_path, cfg).map_err(io)?;
+            let main = if n > 1 {
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+            } else {
+                "org.apache.zookeeper.server.ZooKeeperServerMain"
+            };
+            let args: Vec<String> = vec![
+                "-Xms32m".into(),
+                "-Xmx256m".into(),
+                "-XX:+UseSerialGC".into(),
+                "-XX:TieredStopAtLevel=1".into(),
+                "-Dzookeeper.admin.enableServer=false".into(),
+                "-cp".into(),
+                format!("/etc/zookeeper/conf:{JAR}"),
+                main.into(),
+                cfg_path.display().to_string(),
+            ];
+            pending.push((i, port, args, dir.path().join(format!("zk{i}.log"))));
+        }
+        let nodes = std::thread::scope(|s| {
+            let handles: Vec<_> = pending
+                .into_iter()
+                .map(|(i, port, args, log)| {
+                    s.spawn(move || {
+                        ServerProcess::start(
+                            format!("zookeeper z{i} :{port}"),
+                            JAVA.into(),
+                            args.into_iter().map(Into::into).collect(),
+                            log,
+                            Box::new(move || mode(port).is_some()),
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| panic!("zookeeper start thread panicked"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        Ok(ZkEnsemble {
+            client_ports,
+            nodes,
+            _dir: dir,
+        })
+    }
+
+    /// The connect string `127.0.0.1:p1,127.0.0.1:p2,...`.
+    pub fn connect_string(&self) -> String {
+        let hosts: Vec<String> = self
+            .client_ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        hosts.join(",")
+    }
+
+    /// `zk://h1:p1,h2:p2,...`.
+    pub fn url(&self) -> String {
+        format!("zk://{}", self.connect_string())
+    }
+
+    /// Index of the node that is leader now (standalone counts as leader).
+    pub fn leader(&self) -> Option<usize> {
+        self.client_ports
+            .iter()
+            .position(|&p| matches!(mode(p).as_deref(), Some("leader" | "standalone")))
+    }
+}
+
+/// The node's mode (`standalone`, `leader`, `follower`) from the `srvr` command.
+pub fn mode(port: u16) -> Option<String> {
+    let r = ask(local(port), b"srvr", Duration::from_millis(500))?;
+    let line = r.lines().find(|l| l.starts_with("Mode: "))?;
+    Some(line.trim_start_matches("Mode: ").trim().to_string())
+}

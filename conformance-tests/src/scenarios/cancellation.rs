@@ -1,0 +1,57 @@
+//! Cancellation: an acquire future dropped at any point leaves nothing held, queued or renewing.
+
+use std::time::Duration;
+
+use distlock_api::{LockClient, LockName};
+use rand::Rng;
+use tokio::time::sleep;
+
+use super::{Counting, client, eventually, opts, unique};
+use crate::deployment::Deployment;
+
+/// 50 acquires aborted at random delays, half of them racing a release that hands them the lock.
+pub async fn cancelled_acquires_leave_nothing(d: &dyn Deployment) {
+    let name = unique("cancel");
+    let key = LockName::new(name.as_str()).expect("valid");
+    let holder = client(d).await;
+    let counting = Counting::wrap(d.client().await);
+    let waiter = LockClient::new(counting.clone());
+    for i in 0..50 {
+        let held = holder
+            .try_acquire(&name, &opts(d))
+            .await
+            .unwrap_or_else(|e| panic!("round {i}: {e}"));
+        let (w, n, o) = (waiter.clone(), name.clone(), opts(d));
+        let task = tokio::spawn(async move { w.acquire(&n, &o, Duration::from_secs(30)).await });
+        let (before, after) = {
+            let mut rng = rand::rng();
+            (rng.random_range(0..15u64), rng.random_range(0..5u64))
+        };
+        sleep(Duration::from_millis(before)).await;
+        let release = (i % 2 == 0).then(|| tokio::spawn(held.release()));
+        sleep(Duration::from_millis(after)).await;
+        task.abort();
+        // If the acquire won the race, its lease is dropped with the task and released.
+        drop(task.await);
+        if let Some(r) = release {
+            r.await.expect("release task").expect("release");
+        }
+        let clean = eventually(d.ttl() * 2 + d.expiry_slack(), || async {
+            d.artifacts(&key).await == 0
+        })
+        .await;
+        assert!(clean, "round {i}: something was left held or queued");
+    }
+    let renewals = counting.renewals();
+    sleep(d.ttl()).await;
+    assert_eq!(
+        counting.renewals(),
+        renewals,
+        "a cancelled acquire left a watchdog renewing"
+    );
+    let last = waiter
+        .try_acquire(&name, &opts(d))
+        .await
+        .expect("free at the end");
+    assert!(last.release().await.expect("release"));
+}

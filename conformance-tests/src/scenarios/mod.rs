@@ -1,0 +1,115 @@
+//! The scenarios, written once. Each takes a [`Deployment`] and asserts something that can fail.
+//! Names are unique per run, so scenarios share servers and run concurrently.
+
+mod basic;
+mod cancellation;
+mod faults;
+mod fencing;
+mod liveness;
+mod lost;
+mod ownership;
+mod reentrancy;
+mod waiting;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{
+    AcquireOptions, Capabilities, Grant, GrantKey, LockBackend, LockClient, LockName, Renewal,
+};
+use tokio::time::Instant;
+
+pub use basic::*;
+pub use cancellation::*;
+pub use faults::*;
+pub use fencing::*;
+pub use liveness::*;
+pub use lost::*;
+pub use ownership::*;
+pub use reentrancy::*;
+pub use waiting::*;
+
+use crate::deployment::Deployment;
+
+/// A name no other test or earlier run uses.
+pub(crate) fn unique(scenario: &str) -> String {
+    format!("conformance/{scenario}/{:016x}", rand::random::<u64>())
+}
+
+/// A lock client on a new, independent backend client.
+pub(crate) async fn client(d: &dyn Deployment) -> LockClient {
+    LockClient::new(d.client().await)
+}
+
+/// Default options with the deployment's TTL.
+pub(crate) fn opts(d: &dyn Deployment) -> AcquireOptions {
+    AcquireOptions::with_ttl(d.ttl())
+}
+
+/// Polls `check` until it holds or `within` passes; returns whether it held.
+pub(crate) async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A backend wrapper that counts renewals, to prove when the watchdog stops.
+#[derive(Debug)]
+pub(crate) struct Counting {
+    pub(crate) inner: Arc<dyn LockBackend>,
+    pub(crate) renewals: AtomicUsize,
+}
+
+impl Counting {
+    pub(crate) fn wrap(inner: Arc<dyn LockBackend>) -> Arc<Self> {
+        Arc::new(Counting {
+            inner,
+            renewals: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) fn renewals(&self) -> usize {
+        self.renewals.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl LockBackend for Counting {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> distlock_api::Result<Grant> {
+        self.inner.try_acquire(name, ttl).await
+    }
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> distlock_api::Result<Grant> {
+        self.inner.acquire(name, ttl, deadline).await
+    }
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> distlock_api::Result<Renewal> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.inner.renew(key, ttl).await
+    }
+    async fn release(&self, key: &GrantKey) -> distlock_api::Result<bool> {
+        self.inner.release(key).await
+    }
+}

@@ -1,0 +1,6 @@
+//! The matrix: one test per backend x scenario, named `<backend>::<scenario>`.
+
+use distlock_conformance::conformance_tests;
+use distlock_conformance::deployments;
+
+conformance_tests!(memory, deployments::memory::FACTORY);

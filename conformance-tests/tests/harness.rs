@@ -1,0 +1,162 @@
+//! The server harness starts real servers, applies faults, and leaves nothing running.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use distlock_conformance::harness::{
+    EtcdCluster, Proxy, ProxyMode, RedisMasters, RedisServer, ZkEnsemble, free_port,
+};
+
+fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+fn redis_ping(port: u16, timeout: Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(b"PING\r\n")?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+#[test]
+fn redis_starts_kills_restarts_pauses_and_stops() {
+    let server = RedisServer::start().expect("redis-server");
+    assert!(server.url().starts_with("redis://127.0.0.1:"));
+    assert_eq!(
+        redis_ping(server.port(), Duration::from_secs(2)).expect("ping"),
+        "+PONG\r\n"
+    );
+    let p = server.process();
+    p.pause();
+    assert!(
+        redis_ping(server.port(), Duration::from_millis(300)).is_err(),
+        "a paused server answered"
+    );
+    p.resume();
+    assert_eq!(
+        redis_ping(server.port(), Duration::from_secs(2)).expect("ping"),
+        "+PONG\r\n"
+    );
+    let pid = p.pid().expect("pid");
+    p.kill();
+    assert!(!pid_alive(pid));
+    assert!(redis_ping(server.port(), Duration::from_millis(300)).is_err());
+    p.restart().expect("restart");
+    assert_eq!(
+        redis_ping(server.port(), Duration::from_secs(2)).expect("ping"),
+        "+PONG\r\n"
+    );
+    let pid = p.pid().expect("pid");
+    drop(server);
+    assert!(!pid_alive(pid), "redis outlived its handle");
+}
+
+#[test]
+fn independent_redis_masters() {
+    let masters = RedisMasters::start(3).expect("3 masters");
+    assert_eq!(masters.nodes.len(), 3);
+    assert!(masters.url().starts_with("redlock://127.0.0.1:"));
+    assert_eq!(masters.url().matches(',').count(), 2);
+}
+
+#[test]
+fn etcd_single_and_three_node_cluster() {
+    let single = EtcdCluster::start(1).expect("etcd");
+    assert_eq!(single.leader(), Some(0));
+    let cluster = EtcdCluster::start(3).expect("3-node etcd");
+    let leader = cluster.leader().expect("a leader");
+    let pids: Vec<u32> = cluster.members.iter().filter_map(|m| m.pid()).collect();
+    assert_eq!(pids.len(), 3);
+    cluster.members[leader].kill();
+    let mut new_leader = None;
+    for _ in 0..100 {
+        new_leader = cluster.leader();
+        if new_leader.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        new_leader.is_some_and(|l| l != leader),
+        "no new leader after killing the old one"
+    );
+    drop(cluster);
+    assert!(
+        pids.iter().all(|&p| !pid_alive(p)),
+        "etcd members outlived the handle"
+    );
+}
+
+#[test]
+fn zookeeper_standalone_and_three_node_ensemble() {
+    let single = ZkEnsemble::start(1).expect("zookeeper");
+    assert_eq!(single.leader(), Some(0));
+    assert!(single.url().starts_with("zk://127.0.0.1:"));
+    let ensemble = ZkEnsemble::start(3).expect("3-node zookeeper");
+    assert!(ensemble.leader().is_some(), "an ensemble without a leader");
+    let pids: Vec<u32> = ensemble.nodes.iter().filter_map(|n| n.pid()).collect();
+    drop(ensemble);
+    assert!(
+        pids.iter().all(|&p| !pid_alive(p)),
+        "zookeeper nodes outlived the handle"
+    );
+}
+
+#[test]
+fn proxy_passes_delays_blackholes_and_resets() {
+    let server = RedisServer::start().expect("redis-server");
+    let proxy = Proxy::start(([127, 0, 0, 1], server.port()).into()).expect("proxy");
+    let port = proxy.addr().port();
+    assert_eq!(
+        redis_ping(port, Duration::from_secs(2)).expect("through proxy"),
+        "+PONG\r\n"
+    );
+
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(400)));
+    assert!(
+        redis_ping(port, Duration::from_millis(150)).is_err(),
+        "the delay was not applied"
+    );
+    assert_eq!(
+        redis_ping(port, Duration::from_secs(3)).expect("delayed"),
+        "+PONG\r\n"
+    );
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    assert!(
+        redis_ping(port, Duration::from_millis(300)).is_err(),
+        "a blackholed request was answered"
+    );
+
+    proxy.set_mode(ProxyMode::Pass);
+    let mut s = TcpStream::connect(proxy.addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    s.write_all(b"PING\r\n").expect("write");
+    let mut buf = [0u8; 16];
+    assert!(s.read(&mut buf).expect("read") > 0);
+    proxy.reset();
+    std::thread::sleep(Duration::from_millis(100));
+    let closed = match s.read(&mut buf) {
+        Ok(0) | Err(_) => true,
+        Ok(_) => false,
+    };
+    assert!(closed, "reset left the connection open");
+}
+
+#[test]
+fn a_missing_binary_names_its_package() {
+    let err = distlock_conformance::harness::require("/nonexistent/etcd", "etcd-server")
+        .expect_err("a missing binary must fail");
+    assert!(
+        err.to_string().contains("apt-get install etcd-server"),
+        "{err}"
+    );
+    distlock_conformance::harness::require("/usr/bin/etcd", "etcd-server")
+        .expect("etcd is installed");
+    assert!(free_port() > 0);
+}
