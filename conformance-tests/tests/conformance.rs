@@ -4,3 +4,4 @@ use distlock_conformance::conformance_tests;
 use distlock_conformance::deployments;
 
 conformance_tests!(memory, deployments::memory::FACTORY);
+conformance_tests!(redis, deployments::redis::FACTORY);

@@ -1,10 +1,11 @@
 //! The deployments the suite runs against, one module per backend, and the list of them all.
 
 pub mod memory;
+pub mod redis;
 
 use crate::Factory;
 
 /// Every backend present in the workspace, in matrix column order.
 pub fn all() -> Vec<Factory> {
-    vec![memory::FACTORY]
+    vec![memory::FACTORY, redis::FACTORY]
 }

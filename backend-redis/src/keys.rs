@@ -1,0 +1,70 @@
+//! The Redis key layout: the one place that decides where a lock lives.
+//!
+//! For a lock name `n` (encoded by the shared naming rule, [`distlock_api::LockName::encoded`])
+//! under prefix `p`:
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held |
+//! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
+//! | `{p:B}:released:<encoded n>` | pub/sub channel | a message on every release |
+//!
+//! `B` is a bucket, `fnv1a64(encoded n) % 1024`, inside the hash tag. Why buckets: the fencing
+//! counter must live in the same hash slot as the lock key (one script touches both, also on
+//! Redis Cluster), and a counter per *name* would leak one key per name forever (Redisson's
+//! `RFencedLock` left millions behind). With buckets there are at most 1 024 counter keys per
+//! prefix, ever; a name's tokens still strictly increase, because its bucket's counter does.
+//! The bucket function is part of the on-server format and must never change.
+
+use distlock_api::LockName;
+
+/// How many fencing buckets (and so counter keys) a prefix has.
+pub const BUCKETS: u64 = 1024;
+
+/// The keys of one lock name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockKeys {
+    /// The lock key.
+    pub lock: String,
+    /// The bucket's fencing counter.
+    pub fence: String,
+    /// The release notification channel.
+    pub channel: String,
+}
+
+/// FNV-1a, 64 bits: small, stable across versions and platforms.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The keys of `name` under `prefix`.
+pub fn lock_keys(prefix: &str, name: &LockName) -> LockKeys {
+    let encoded = name.encoded();
+    let bucket = fnv1a64(encoded.as_bytes()) % BUCKETS;
+    let tag = format!("{{{prefix}:{bucket}}}");
+    LockKeys {
+        lock: format!("{tag}:lock:{encoded}"),
+        fence: format!("{tag}:fence"),
+        channel: format!("{tag}:released:{encoded}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag_and_the_bucket_is_stable() {
+        let k = lock_keys("distlock", &LockName::new("orders/42").expect("valid"));
+        let tag = &k.lock[..k.lock.find('}').expect("tag") + 1];
+        assert!(k.fence.starts_with(tag) && k.channel.starts_with(tag));
+        // Pinned: the bucket function is part of the on-server format.
+        assert_eq!(k.lock, "{distlock:833}:lock:orders%2F42");
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    }
+}

@@ -1,0 +1,131 @@
+//! Release notifications: one subscription per channel per client, shared by all its waiters,
+//! carried as RESP3 pushes on the client's one connection (no extra subscriber connection).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redis::aio::ConnectionManager;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::watch;
+
+struct Channel {
+    releases: watch::Sender<u64>,
+    waiters: usize,
+}
+
+/// Routes release messages to the waiters of each channel.
+#[derive(Default)]
+pub(crate) struct Notifier {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl Notifier {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called by the connection for every push; must not block.
+    pub(crate) fn on_push(&self, push: PushInfo) {
+        let channels = self.lock();
+        match push.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(name)) = push.data.first()
+                    && let Ok(name) = std::str::from_utf8(name)
+                    && let Some(c) = channels.get(name)
+                {
+                    c.releases.send_modify(|n| *n += 1);
+                }
+            }
+            // The connection dropped: a release may have been missed, so every waiter retries now
+            // (the connection re-subscribes by itself when it comes back).
+            PushKind::Disconnection => {
+                for c in channels.values() {
+                    c.releases.send_modify(|n| *n += 1);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Joins the waiters of `channel`, subscribing the connection if it is the first one.
+    pub(crate) async fn subscribe(
+        self: &Arc<Self>,
+        channel: &str,
+        conn: &ConnectionManager,
+    ) -> redis::RedisResult<Subscription> {
+        let (releases, first) = {
+            let mut channels = self.lock();
+            let c = channels
+                .entry(channel.to_string())
+                .or_insert_with(|| Channel {
+                    releases: watch::Sender::new(0),
+                    waiters: 0,
+                });
+            c.waiters += 1;
+            (c.releases.subscribe(), c.waiters == 1)
+        };
+        let sub = Subscription {
+            notifier: self.clone(),
+            channel: channel.to_string(),
+            conn: conn.clone(),
+            releases,
+        };
+        if first {
+            // On error, `sub` drops and leaves the channel again.
+            conn.clone().subscribe(channel).await?;
+        }
+        Ok(sub)
+    }
+}
+
+/// One waiter's membership of a channel; leaving the last one unsubscribes.
+pub(crate) struct Subscription {
+    notifier: Arc<Notifier>,
+    channel: String,
+    conn: ConnectionManager,
+    releases: watch::Receiver<u64>,
+}
+
+impl Subscription {
+    /// Resolves at the next release message (or connection drop) after the last call.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a message that arrives while nobody waits is kept for the next call.
+    pub(crate) async fn released(&mut self) {
+        if self.releases.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let last = {
+            let mut channels = self.notifier.lock();
+            match channels.get_mut(&self.channel) {
+                Some(c) if c.waiters <= 1 => {
+                    channels.remove(&self.channel);
+                    true
+                }
+                Some(c) => {
+                    c.waiters -= 1;
+                    false
+                }
+                None => false,
+            }
+        };
+        if last && let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (notifier, channel, mut conn) = (
+                self.notifier.clone(),
+                self.channel.clone(),
+                self.conn.clone(),
+            );
+            rt.spawn(async move {
+                // A new waiter may have joined meanwhile; then the subscription stays.
+                if !notifier.lock().contains_key(&channel) {
+                    let _ = conn.unsubscribe(&channel).await;
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Redis: one redis-server shared by the scenarios (unique names keep them apart), and a
+//! server of its own for the scenario that kills it. Cut clients go through a [`Proxy`].
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{Capabilities, LockBackend, LockName};
+use distlock_redis::{RedisBackend, RedisOptions, keys::lock_keys};
+
+use crate::Factory;
+use crate::deployment::{Cut, Deployment, ServerFaults};
+use crate::harness::{Proxy, ProxyMode, RedisServer};
+
+/// The Redis backend's factory.
+pub const FACTORY: Factory = Factory {
+    label: "redis",
+    capabilities,
+    shared: || Box::pin(deploy(true)),
+    isolated: Some(|| Box::pin(deploy(false))),
+};
+
+fn capabilities() -> Capabilities {
+    // Declared statically by the backend; no server is needed to read it.
+    distlock_redis::CAPABILITIES.clone()
+}
+
+fn options() -> RedisOptions {
+    RedisOptions {
+        prefix: "distlock-test".into(),
+        op_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(2),
+    }
+}
+
+async fn deploy(shared: bool) -> Arc<dyn Deployment> {
+    static SHARED: OnceLock<Arc<RedisServer>> = OnceLock::new();
+    let server = tokio::task::spawn_blocking(move || {
+        let start = || Arc::new(RedisServer::start().unwrap_or_else(|e| panic!("{e}")));
+        if shared {
+            SHARED.get_or_init(start).clone()
+        } else {
+            start()
+        }
+    })
+    .await
+    .expect("starting redis-server");
+    let admin = redis::Client::open(server.url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection");
+    Arc::new(RedisDeployment {
+        server,
+        admin,
+        owns_server: !shared,
+    })
+}
+
+/// A Redis deployment: the server, and an admin connection that peeks at keys.
+pub struct RedisDeployment {
+    server: Arc<RedisServer>,
+    admin: redis::aio::MultiplexedConnection,
+    owns_server: bool,
+}
+
+struct ProxyCut(Proxy);
+
+impl Cut for ProxyCut {
+    fn cut(&self) {
+        self.0.set_mode(ProxyMode::Blackhole);
+    }
+    fn restore(&self) {
+        self.0.set_mode(ProxyMode::Pass);
+    }
+}
+
+impl ServerFaults for RedisDeployment {
+    fn kill_all(&self) {
+        self.server.process().kill();
+    }
+    fn restart_all(&self) {
+        self.server
+            .process()
+            .restart()
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[async_trait]
+impl Deployment for RedisDeployment {
+    fn label(&self) -> &'static str {
+        "redis"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
+    }
+
+    async fn client(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            RedisBackend::connect(&self.server.url(), options())
+                .await
+                .expect("connect"),
+        )
+    }
+
+    async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
+        let proxy = Proxy::start(([127, 0, 0, 1], self.server.port()).into()).expect("proxy");
+        let url = format!("redis://{}", proxy.addr());
+        let client = RedisBackend::connect(&url, options())
+            .await
+            .expect("connect through proxy");
+        (Arc::new(client), Box::new(ProxyCut(proxy)))
+    }
+
+    async fn artifacts(&self, name: &LockName) -> usize {
+        let key = lock_keys(&options().prefix, name).lock;
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut self.admin.clone())
+            .await
+            .expect("EXISTS");
+        n as usize
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    fn expiry_slack(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+
+    fn servers(&self) -> Option<&dyn ServerFaults> {
+        self.owns_server.then_some(self as &dyn ServerFaults)
+    }
+}
