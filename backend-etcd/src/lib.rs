@@ -1,5 +1,46 @@
-//! The etcd backend of distlock (correctness grade).
+//! The etcd backend of distlock: **correctness grade**.
 //!
-//! Not implemented yet: issue 6 tracks it. Until then this crate exports nothing, and the
-//! conformance suite and the facade do not list etcd.
+//! # How a lock works here
+//! * **Session**: one lease per client ([`EtcdOptions::session_ttl`], whole seconds), shared by
+//!   all its lock keys and kept alive every TTL / 3. When etcd says the lease is gone, or the
+//!   session's validity (from the send time of the last confirmed keep-alive, minus drift) runs
+//!   out, every lease of the session fires its lost signal, before etcd can have expired it.
+//!   After a loss the next acquire makes a new lease; old keys are never reused.
+//! * **Acquire**: a txn puts `prefix/<name>/<lease>.<attempt>` if its create revision is 0 and
+//!   reads the first-created key of the name in the same step; the lowest create revision holds.
+//!   A waiter watches only its nearest predecessor, from the revision it just read + 1 (no missed
+//!   deletion, no herd, no 100 ms "unsynced watcher" stall), and re-checks every lower key after
+//!   each event (a waiter ahead of us expiring does not grant us the lock). Before returning, it
+//!   checks that its own key and session are still alive (etcd #11456). Try-acquire, timeout,
+//!   error, a dead session and a dropped future all delete our key (retried, bounded; the session
+//!   TTL is the fallback).
+//! * **Fencing token** = our key's create revision: cluster-wide, strictly increasing, and
+//!   granted in that order. [`EtcdBackend::guarded_txn`] writes data kept in etcd only while our
+//!   key still exists with that revision.
+//! * **Renew** is one session keep-alive plus a check that our key exists; **release** deletes
+//!   our key, never the shared lease.
+//! * Reads are linearizable (etcd's default); no serializable read is used for a lock decision.
+//!
+//! # TTL mapping
+//! The per-acquire TTL of the trait does not apply: every lock of a client lives as long as the
+//! client's session lease, so a lease's validity is the session's. A `Fixed` lease fires its lost
+//! signal at its deadline but its key stays until release or the session ends.
+//!
+//! # etcd 3.4
+//! CI runs Debian's etcd 3.4. Everything used here (txn, lease grant / keep-alive / revoke,
+//! watch with start revision, range with sort and max create revision) exists there; the
+//! client's newer protos add fields (for example watch progress with fragments) that 3.4 ignores.
+//!
+//! # Not yet here
+//! A lease per lock (option), TLS, and the 3-node fault tests of issue 6.
 #![deny(missing_docs)]
+
+mod backend;
+mod config;
+mod guard;
+pub mod keys;
+mod session;
+
+pub use backend::{CAPABILITIES, EtcdBackend};
+pub use config::EtcdOptions;
+pub use etcd_client::TxnOp;

@@ -5,3 +5,4 @@ use distlock_conformance::deployments;
 
 conformance_tests!(memory, deployments::memory::FACTORY);
 conformance_tests!(redis, deployments::redis::FACTORY);
+conformance_tests!(etcd, deployments::etcd::FACTORY);

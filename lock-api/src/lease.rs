@@ -158,6 +158,12 @@ impl Lease {
         &self.shared.key.name
     }
 
+    /// The backend's own address of this grant (Redis key, etcd key, znode path), for guarded
+    /// writes that check the lock still exists. Not a secret.
+    pub fn backend_key(&self) -> &str {
+        &self.shared.key.resource
+    }
+
     /// The backend kind that granted it.
     pub fn backend(&self) -> &'static str {
         self.shared.backend.kind()

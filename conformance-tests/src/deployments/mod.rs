@@ -1,5 +1,6 @@
 //! The deployments the suite runs against, one module per backend, and the list of them all.
 
+pub mod etcd;
 pub mod memory;
 pub mod redis;
 
@@ -7,5 +8,5 @@ use crate::Factory;
 
 /// Every backend present in the workspace, in matrix column order.
 pub fn all() -> Vec<Factory> {
-    vec![memory::FACTORY, redis::FACTORY]
+    vec![memory::FACTORY, redis::FACTORY, etcd::FACTORY]
 }

@@ -1,6 +1,6 @@
 //! Fencing: tokens strictly increase, and a stale holder's fenced write is refused.
 
-use distlock_api::{Fence, LockName};
+use distlock_api::{Fence, LockClient, LockName};
 use tokio::time::sleep;
 
 use super::{client, opts, unique};
@@ -16,18 +16,17 @@ pub async fn fencing_tokens_strictly_increase(d: &dyn Deployment) {
     for i in 0..200 {
         let c = &clients[i % clients.len()];
         let token = if i == 70 || i == 140 {
-            // A holder that dies: raw grant, never released; the next acquire waits out the TTL.
-            let raw = c
-                .backend()
-                .try_acquire(&key, d.ttl())
-                .await
-                .expect("raw acquire");
+            // A holder that dies (cut off: it never renews, keeps alive or releases); the next
+            // acquire waits out its TTL.
+            let (dying, cut) = d.cuttable_client().await;
+            let raw = dying.try_acquire(&key, d.ttl()).await.expect("raw acquire");
+            cut.cut();
             raw.token
         } else {
             let lease = c
                 .acquire(&name, &opts(d), d.ttl() * 3 + d.expiry_slack())
                 .await
-                .expect("acquire");
+                .unwrap_or_else(|e| panic!("hand-over {i}: {e}"));
             let t = lease.fencing_token();
             assert!(lease.release().await.expect("release"));
             t
@@ -43,22 +42,22 @@ pub async fn fencing_tokens_strictly_increase(d: &dyn Deployment) {
     }
 }
 
-/// A holder paused past its TTL (no renewals) resumes and writes through the fence: refused,
-/// while the new holder's write is accepted.
+/// A holder paused past its TTL (cut off: no renewal, no keep-alive reaches the servers) comes
+/// back and writes through the fence: refused, while the new holder's write is accepted.
 pub async fn paused_holder_write_is_fenced_off(d: &dyn Deployment) {
     let name = unique("paused-holder");
-    let (a, b) = (client(d).await, client(d).await);
+    let (backend, cut) = d.cuttable_client().await;
+    let a = LockClient::new(backend);
+    let b = client(d).await;
     let fence = Fence::new();
-    // Fixed lease: the pause also stops the watchdog, as a stopped process would.
-    let paused = a
-        .try_acquire(&name, &opts(d).fixed())
-        .await
-        .expect("acquire");
+    let paused = a.try_acquire(&name, &opts(d)).await.expect("acquire");
     let old = paused.fencing_token().expect("token");
+    cut.cut();
     let fresh = b
         .acquire(&name, &opts(d), d.ttl() * 3 + d.expiry_slack())
         .await
         .expect("acquire after the pause");
+    cut.restore();
     let new = fresh.fencing_token().expect("token");
     fence
         .check(new)

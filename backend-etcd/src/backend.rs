@@ -1,0 +1,463 @@
+//! [`EtcdBackend`]: the lock contract over an etcd cluster.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{
+    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
+    LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::time::{Instant, timeout, timeout_at};
+
+use crate::config::EtcdOptions;
+use crate::keys::{attempt_key, name_prefix};
+use crate::session::Session;
+
+/// What the etcd backend declares: correctness grade, cluster-wide monotonic fencing (create
+/// revisions), FIFO by revision, client-side re-entrancy, whole-second TTLs (the session lease),
+/// watch wake-ups.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    guarantee: Guarantee::Correctness,
+    fencing: Fencing::ClusterWide,
+    fifo: true,
+    reentrancy: Reentrancy::ClientSide,
+    ttl_granularity: Duration::from_secs(1),
+    min_ttl: Duration::from_secs(2),
+    wakeup: Wakeup::Watch,
+};
+
+/// How many times cleanup of our own key is tried before the session TTL is left to do it.
+const CLEANUP_TRIES: u32 = 3;
+
+/// A lock client over an etcd cluster, with one session lease shared by all its locks. Cheap to
+/// clone (clones share the connection and the session).
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    options: EtcdOptions,
+    endpoints: String,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// Sessions by lease id, so renew / release find the session a grant lives on.
+    sessions: Mutex<Vec<std::sync::Weak<Session>>>,
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.inner.endpoints)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster at `endpoints` (`host:port` each).
+    ///
+    /// # Errors
+    /// `InvalidConfig` for an empty endpoint list; a retryable backend error when no endpoint
+    /// answers within `connect_timeout`.
+    pub async fn connect(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
+        if endpoints.is_empty() {
+            return Err(LockError::invalid_config(
+                "endpoints",
+                endpoints,
+                "at least one etcd endpoint is needed",
+            ));
+        }
+        let label = format!("etcd {}", endpoints.join(","));
+        let mut connect = ConnectOptions::new()
+            .with_connect_timeout(options.connect_timeout)
+            .with_timeout(options.op_timeout)
+            .with_keep_alive(Duration::from_secs(1), options.op_timeout)
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = &options.credentials {
+            connect = connect.with_user(user.clone(), password.clone());
+        }
+        let client = timeout(
+            options.connect_timeout,
+            Client::connect(endpoints, Some(connect)),
+        )
+        .await
+        .map_err(|_| LockError::backend(label.clone(), true, "connect timed out"))?
+        .map_err(|e| etcd_error(&label, e))?;
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                options,
+                endpoints: label,
+                session: tokio::sync::Mutex::new(None),
+                sessions: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The range holding `name`'s holder and queue keys (see [`crate::keys`]).
+    pub fn name_prefix(&self, name: &LockName) -> String {
+        name_prefix(&self.inner.options.prefix, name)
+    }
+
+    /// The raw etcd client, for the caller's own guarded transactions.
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    fn err(&self, e: etcd_client::Error) -> LockError {
+        etcd_error(&self.inner.endpoints, e)
+    }
+
+    async fn call<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        match timeout(self.inner.options.op_timeout, fut).await {
+            Ok(r) => r.map_err(|e| self.err(e)),
+            Err(_) => Err(LockError::backend(
+                self.inner.endpoints.clone(),
+                true,
+                format!("no answer within {:?}", self.inner.options.op_timeout),
+            )),
+        }
+    }
+
+    /// The live session, or a new one if there is none or it was lost (a new lease: no acquire
+    /// ever reuses keys of a dead session).
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut current = self.inner.session.lock().await;
+        if let Some(s) = current.as_ref()
+            && !s.is_lost()
+        {
+            return Ok(s.clone());
+        }
+        let s = self
+            .call(Session::start(
+                self.inner.client.clone(),
+                self.inner.options.session_ttl_secs(),
+            ))
+            .await?;
+        let mut all = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&s));
+        *current = Some(s.clone());
+        Ok(s)
+    }
+
+    fn session_of(&self, lease: i64) -> Option<Arc<Session>> {
+        let all = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all.iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .find(|s| s.lease == lease)
+    }
+
+    /// Puts our attempt key and reports our create revision and whether we are first.
+    async fn enqueue(
+        &self,
+        prefix: &str,
+        key: &str,
+        lease: i64,
+        secret: &OwnerSecret,
+    ) -> Result<(i64, bool)> {
+        let first = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key,
+                    secret.expose_hex(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(prefix, Some(first)),
+            ]);
+        let resp = self.call(self.inner.client.clone().txn(txn)).await?;
+        if !resp.succeeded() {
+            return Err(LockError::backend(
+                self.inner.endpoints.clone(),
+                false,
+                format!("attempt key {key} already existed"),
+            ));
+        }
+        let my_rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let owner = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        });
+        Ok((my_rev, owner == Some(my_rev)))
+    }
+
+    /// Waits until no key of `prefix` was created before `my_rev`, watching only the nearest
+    /// predecessor each time and re-checking all of them after every event.
+    async fn wait_turn(
+        &self,
+        prefix: &str,
+        my_rev: i64,
+        session: &Session,
+        deadline: Instant,
+    ) -> Result<()> {
+        let session_lost = session.lost_signal();
+        loop {
+            let before = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(my_rev - 1)
+                .with_limit(1)
+                .with_keys_only();
+            let resp = self
+                .call(self.inner.client.clone().get(prefix, Some(before)))
+                .await?;
+            let Some(pred) = resp.kvs().first() else {
+                return Ok(());
+            };
+            let pred = pred.key().to_vec();
+            let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+            // From the revision just read + 1: no missed deletion, and the watcher is synced at
+            // once (a watch behind the current revision is served late by etcd).
+            let mut watch = self
+                .call(
+                    self.inner
+                        .client
+                        .clone()
+                        .watch(pred, Some(WatchOptions::new().with_start_revision(rev + 1))),
+                )
+                .await?;
+            loop {
+                tokio::select! {
+                    msg = watch.message() => match msg {
+                        Ok(Some(w)) if w.events().iter().any(|e| e.event_type() == EventType::Delete) => break,
+                        // Compacted or cancelled: re-read from scratch.
+                        Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => break,
+                        Ok(Some(_)) => {}
+                        Ok(None) => break,
+                        Err(e) => return Err(self.err(e)),
+                    },
+                    _ = session_lost.wait() => {
+                        return Err(LockError::backend(self.inner.endpoints.clone(), true, "the session lease died while waiting"));
+                    }
+                    _ = tokio::time::sleep_until(deadline) => {
+                        return Err(LockError::Timeout { name: String::new(), waited: Duration::ZERO });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Our key still exists with our revision, and the session is alive (etcd #11456: never
+    /// return a lock whose waiter's lease died while it waited).
+    async fn still_ours(&self, key: &str, rev: i64, session: &Session) -> Result<bool> {
+        let resp = self.call(self.inner.client.clone().get(key, None)).await?;
+        Ok(!session.is_lost()
+            && resp
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == rev))
+    }
+
+    async fn acquire_inner(&self, name: &LockName, deadline: Option<Instant>) -> Result<Grant> {
+        let started = Instant::now();
+        let session = self.session().await?;
+        let prefix = self.name_prefix(name);
+        let key = attempt_key(
+            &self.inner.options.prefix,
+            name,
+            session.lease,
+            rand::random(),
+        );
+        let secret = OwnerSecret::random()?;
+        let mut queued = QueuedKey {
+            backend: self.clone(),
+            key: Some(key.clone()),
+        };
+        let (my_rev, first) = self.enqueue(&prefix, &key, session.lease, &secret).await?;
+        if !first {
+            let Some(deadline) = deadline else {
+                queued.remove().await;
+                return Err(LockError::Busy {
+                    name: name.to_string(),
+                });
+            };
+            let waited = self.wait_turn(&prefix, my_rev, &session, deadline).await;
+            let outcome = match waited {
+                Ok(()) if self.still_ours(&key, my_rev, &session).await? => Ok(()),
+                Ok(()) => Err(LockError::backend(
+                    self.inner.endpoints.clone(),
+                    true,
+                    "our queue key or session died while waiting",
+                )),
+                Err(LockError::Timeout { .. }) => Err(LockError::Timeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                }),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = outcome {
+                queued.remove().await;
+                return Err(e);
+            }
+        }
+        queued.key = None;
+        Ok(Grant {
+            key: GrantKey {
+                name: name.clone(),
+                resource: key,
+                secret,
+            },
+            token: Some(FencingToken(my_rev as u64)),
+            ttl: session.ttl,
+            sent_at: session.refreshed(),
+            session: Some(session.lost_signal()),
+        })
+    }
+}
+
+/// Our attempt key while we are not (yet) its holder: dropped armed (try-acquire lost, timeout,
+/// error, or the acquire future was dropped), it deletes the key in the background, retried and
+/// bounded; the session TTL is the fallback.
+struct QueuedKey {
+    backend: EtcdBackend,
+    key: Option<String>,
+}
+
+impl QueuedKey {
+    /// Deletes the key now (the caller waits), so a failed acquire returns with nothing left.
+    async fn remove(mut self) {
+        if let Some(key) = self.key.take() {
+            delete_with_retries(&self.backend, &key).await;
+        }
+    }
+}
+
+async fn delete_with_retries(backend: &EtcdBackend, key: &str) {
+    for attempt in 0..CLEANUP_TRIES {
+        if backend
+            .call(backend.inner.client.clone().delete(key, None))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+    }
+    tracing::warn!(
+        key,
+        "distlock etcd: could not delete a queue key; the session TTL will"
+    );
+}
+
+impl Drop for QueuedKey {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        rt.spawn(async move { delete_with_retries(&backend, &key).await });
+    }
+}
+
+fn etcd_error(endpoints: &str, e: etcd_client::Error) -> LockError {
+    use etcd_client::Error as E;
+    let retryable = match &e {
+        E::InvalidArgs(_)
+        | E::InvalidUri(_)
+        | E::Utf8Error(_)
+        | E::InvalidMetadataValue(_)
+        | E::EndpointsNotManaged => false,
+        // gRPC INVALID_ARGUMENT (3), PERMISSION_DENIED (7), UNAUTHENTICATED (16): a retry
+        // cannot fix those.
+        E::GRpcStatus(s) => !matches!(s.code() as i32, 3 | 7 | 16),
+        _ => true,
+    };
+    LockError::backend(endpoints.to_string(), retryable, e)
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn kind(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
+    async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
+        self.acquire_inner(name, None).await
+    }
+
+    async fn acquire(&self, name: &LockName, _ttl: Duration, deadline: Instant) -> Result<Grant> {
+        self.acquire_inner(name, Some(deadline)).await
+    }
+
+    /// A keep-alive of the session lease, then a check that our key is still there: the lease
+    /// TTL counts from this renewal's send time; a missing key or lease is "not held".
+    async fn renew(&self, key: &GrantKey, _ttl: Duration) -> Result<Renewal> {
+        let Some(lease) = lease_of(&key.resource) else {
+            return Ok(Renewal::NotHeld);
+        };
+        let Some(session) = self.session_of(lease).filter(|s| !s.is_lost()) else {
+            return Ok(Renewal::NotHeld);
+        };
+        let deadline = Instant::now() + self.inner.options.op_timeout;
+        let mut client = self.inner.client.clone();
+        let (alive, resp) = tokio::join!(
+            timeout_at(deadline, session.refresh()),
+            self.call(client.get(key.resource.as_str(), None))
+        );
+        let alive = alive
+            .map_err(|_| {
+                LockError::backend(self.inner.endpoints.clone(), true, "keep-alive timed out")
+            })?
+            .map_err(|e| self.err(e))?;
+        let secret = key.secret.expose_hex();
+        let ours = resp?
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == secret.as_bytes());
+        Ok(if alive && ours {
+            Renewal::Renewed
+        } else {
+            Renewal::NotHeld
+        })
+    }
+
+    /// Deletes our attempt key if it still holds our secret (never the session lease, which
+    /// other locks share).
+    async fn release(&self, key: &GrantKey) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::value(
+                key.resource.as_str(),
+                CompareOp::Equal,
+                key.secret.expose_hex(),
+            )])
+            .and_then([TxnOp::delete(key.resource.as_str(), None)]);
+        Ok(self
+            .call(self.inner.client.clone().txn(txn))
+            .await?
+            .succeeded())
+    }
+}
+
+/// The session lease id written into an attempt key.
+fn lease_of(key: &str) -> Option<i64> {
+    let last = key.rsplit('/').next()?;
+    let (lease, _) = last.split_once('.')?;
+    u64::from_str_radix(lease, 16).ok().map(|l| l as i64)
+}

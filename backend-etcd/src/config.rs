@@ -1,0 +1,57 @@
+//! Options of the etcd backend.
+
+use std::time::Duration;
+
+/// How an [`crate::EtcdBackend`] talks to etcd.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// Namespace of every key (see [`crate::keys`]). Default `distlock`.
+    pub prefix: String,
+    /// TTL of the client's session lease, shared by all its locks: the time after which a dead
+    /// client's locks are freed. Whole seconds (rounded up, at least 2 s, which is also etcd's
+    /// own floor with default election settings). Default 10 s.
+    pub session_ttl: Duration,
+    /// Every request is cut off after this and reported as a retryable error. Default 5 s.
+    pub op_timeout: Duration,
+    /// Connecting is cut off after this. Default 5 s.
+    pub connect_timeout: Duration,
+    /// User and password for etcd authentication.
+    pub credentials: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("prefix", &self.prefix)
+            .field("session_ttl", &self.session_ttl)
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field(
+                "credentials",
+                &self
+                    .credentials
+                    .as_ref()
+                    .map(|(user, _)| (user, "<redacted>")),
+            )
+            .finish()
+    }
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            prefix: "distlock".to_string(),
+            session_ttl: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            credentials: None,
+        }
+    }
+}
+
+impl EtcdOptions {
+    /// The session TTL in whole seconds, as etcd takes it.
+    pub fn session_ttl_secs(&self) -> i64 {
+        (self.session_ttl.as_millis().div_ceil(1000) as i64).max(2)
+    }
+}

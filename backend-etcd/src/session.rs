@@ -1,0 +1,148 @@
+//! The session: one etcd lease per client, shared by all its lock keys, kept alive every TTL / 3.
+//!
+//! The session tracks its own validity on the monotonic clock, from the *send* time of the last
+//! keep-alive that etcd answered, minus a drift margin. It fires its lost signal when etcd says
+//! the lease is gone or when that validity runs out without a successful keep-alive, so every
+//! lock of the session is told before etcd can have expired the lease.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_api::{LostReason, LostSignal, LostTrigger, lost_signal};
+use etcd_client::Client;
+use tokio::task::AbortHandle;
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+/// Drift allowance on the session's validity: 1 % of the TTL plus 5 ms.
+fn drift(ttl: Duration) -> Duration {
+    ttl.mul_f64(0.01) + Duration::from_millis(5)
+}
+
+pub(crate) struct Session {
+    pub(crate) lease: i64,
+    pub(crate) ttl: Duration,
+    lost: LostTrigger,
+    /// Send time of the last keep-alive (or grant) etcd confirmed.
+    refreshed: Mutex<Instant>,
+    keeper: Mutex<Option<AbortHandle>>,
+    client: Client,
+}
+
+impl Session {
+    /// Grants the lease and starts keeping it alive.
+    pub(crate) async fn start(
+        mut client: Client,
+        ttl_secs: i64,
+    ) -> Result<Arc<Self>, etcd_client::Error> {
+        let sent = Instant::now();
+        let grant = client.lease_grant(ttl_secs, None).await?;
+        let (lost, _) = lost_signal();
+        let session = Arc::new(Session {
+            lease: grant.id(),
+            ttl: Duration::from_secs(grant.ttl().max(1) as u64),
+            lost,
+            refreshed: Mutex::new(sent),
+            keeper: Mutex::new(None),
+            client,
+        });
+        let task = tokio::spawn(keep_alive(Arc::downgrade(&session)));
+        *session.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        Ok(session)
+    }
+
+    /// Fires when the session is lost.
+    pub(crate) fn lost_signal(&self) -> LostSignal {
+        self.lost.subscribe()
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.fired().is_some()
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        if self.lost.fire(LostReason::SessionLost) {
+            tracing::warn!(lease = self.lease, "distlock etcd session lost");
+        }
+    }
+
+    /// The send time of the last confirmed refresh: lock validity counts from here.
+    pub(crate) fn refreshed(&self) -> Instant {
+        *self.refreshed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Until when the lease is surely alive on the server.
+    fn valid_until(&self) -> Instant {
+        self.refreshed() + self.ttl.saturating_sub(drift(self.ttl))
+    }
+
+    fn record(&self, sent: Instant) {
+        let mut r = self.refreshed.lock().unwrap_or_else(|p| p.into_inner());
+        *r = (*r).max(sent);
+    }
+
+    /// One keep-alive round trip now. `Ok(true)`: refreshed; `Ok(false)`: the lease is gone (and
+    /// the session is marked lost).
+    pub(crate) async fn refresh(&self) -> Result<bool, etcd_client::Error> {
+        let sent = Instant::now();
+        let mut client = self.client.clone();
+        let (mut keeper, mut stream) = client.lease_keep_alive(self.lease).await?;
+        keeper.keep_alive().await?;
+        match stream.message().await? {
+            Some(resp) if resp.ttl() > 0 => {
+                self.record(sent);
+                Ok(true)
+            }
+            Some(_) => {
+                self.mark_lost();
+                Ok(false)
+            }
+            None => Err(etcd_client::Error::LeaseKeepAliveError(
+                "keep-alive stream closed".into(),
+            )),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(task) = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+        // Revoking frees every key of the session at once; if it fails, the TTL does it.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (mut client, lease) = (self.client.clone(), self.lease);
+            rt.spawn(async move {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(lease)).await;
+            });
+        }
+    }
+}
+
+async fn keep_alive(session: std::sync::Weak<Session>) {
+    let Some(s) = session.upgrade() else { return };
+    let period = s.ttl / 3;
+    let mut next = s.refreshed() + period;
+    drop(s);
+    loop {
+        let Some(deadline) = session.upgrade().map(|s| s.valid_until()) else {
+            return;
+        };
+        sleep_until(next.min(deadline)).await;
+        let Some(s) = session.upgrade() else { return };
+        if Instant::now() >= s.valid_until() {
+            s.mark_lost();
+            return;
+        }
+        match timeout_at(s.valid_until(), s.refresh()).await {
+            Ok(Ok(true)) => next = s.refreshed() + period,
+            Ok(Ok(false)) => return,
+            Ok(Err(e)) => {
+                tracing::debug!(lease = s.lease, error = %e, "distlock etcd keep-alive failed, retrying");
+                next = Instant::now() + (period / 4).max(Duration::from_millis(50));
+            }
+            // The validity ran out during the attempt: the next turn marks the session lost.
+            Err(_) => next = Instant::now(),
+        }
+    }
+}
