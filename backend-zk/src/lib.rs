@@ -1,5 +1,41 @@
-//! The ZooKeeper backend of distlock (correctness grade).
+//! The ZooKeeper backend of distlock: **correctness grade**.
 //!
-//! Not implemented yet: issue 7 tracks it. Until then this crate exports nothing, and the
-//! conformance suite and the facade do not list ZooKeeper.
+//! # How a lock works here
+//! * **Acquire** creates an ephemeral sequential node `<root>/<name>/_c_<attempt>-lock-<seq>`
+//!   (layout in [`paths`]) holding the owner secret; the lowest sequence holds. A waiter watches
+//!   only the next lower node and re-lists after every event; before success it checks its node
+//!   and its session epoch are still alive. After a connection loss during create it finds its
+//!   node by the protected `_c_<attempt>` prefix *and* our session id (CURATOR-498) before
+//!   creating another. Busy, timeout, error and a dropped future delete our node (inline, or in
+//!   the background with bounded retries; the session is the fallback).
+//! * **Fencing token** = the node's czxid, read from the create reply itself (create2): totally
+//!   ordered across the ensemble, never the per-parent 32-bit sequence suffix.
+//!   [`ZkBackend::guarded_set_data`] writes data only while our node exists (a checked multi).
+//! * **Parents**: the root is persistent; each lock's directory is a *container* node, which the
+//!   server deletes once empty, so lock names leave nothing behind. A create that races the
+//!   container's removal re-creates it and retries.
+//! * **Session**: renewal is ZooKeeper's own heartbeat. A connection loss (SUSPENDED) ends the
+//!   session *epoch* and fires every lease's lost signal at once by default
+//!   ([`OnDisconnect::Lose`]; [`OnDisconnect::WaitUpTo`] waits, never past the session timeout);
+//!   an expired or closed session does too. New acquires then use a new epoch, or a new session.
+//!   A manual `renew` checks the session and that our node still holds our secret.
+//! * **TTL mapping**: every lease's TTL is the session timeout ([`ZkOptions::session_timeout`]);
+//!   the per-acquire TTL of the trait does not apply.
+//!
+//! # Why our own recipe
+//! `zookeeper-client` ships `Client::lock`, which is cancellation safe and recovers its node
+//! after a connection loss, but it does not return the node's Stat, so the czxid would need a
+//! second read that is not atomic with the create. This crate writes the recipe itself.
+//!
+//! # Not yet here
+//! The 3-node ensemble fault tests of issue 7.
 #![deny(missing_docs)]
+
+mod backend;
+mod config;
+mod guard;
+pub mod paths;
+mod session;
+
+pub use backend::{CAPABILITIES, ZkBackend};
+pub use config::{NodeAcl, OnDisconnect, ZkOptions};

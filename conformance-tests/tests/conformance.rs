@@ -6,3 +6,4 @@ use distlock_conformance::deployments;
 conformance_tests!(memory, deployments::memory::FACTORY);
 conformance_tests!(redis, deployments::redis::FACTORY);
 conformance_tests!(etcd, deployments::etcd::FACTORY);
+conformance_tests!(zk, deployments::zk::FACTORY);

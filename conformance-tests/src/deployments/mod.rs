@@ -3,10 +3,11 @@
 pub mod etcd;
 pub mod memory;
 pub mod redis;
+pub mod zk;
 
 use crate::Factory;
 
 /// Every backend present in the workspace, in matrix column order.
 pub fn all() -> Vec<Factory> {
-    vec![memory::FACTORY, redis::FACTORY, etcd::FACTORY]
+    vec![memory::FACTORY, redis::FACTORY, etcd::FACTORY, zk::FACTORY]
 }

@@ -1,0 +1,468 @@
+//! [`ZkBackend`]: the lock contract over a ZooKeeper ensemble.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{
+    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
+    LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+};
+use tokio::time::{Instant, timeout};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState, Stat};
+
+use crate::config::{NodeAcl, ZkOptions};
+use crate::paths::{LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, sequence};
+use crate::session::Epoch;
+
+/// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
+/// (czxid), FIFO by sequence, client-side re-entrancy, watch wake-ups. The TTL is the session
+/// timeout of the client (1 ms granularity as negotiated by the server).
+pub const CAPABILITIES: Capabilities = Capabilities {
+    guarantee: Guarantee::Correctness,
+    fencing: Fencing::ClusterWide,
+    fifo: true,
+    reentrancy: Reentrancy::ClientSide,
+    ttl_granularity: Duration::from_millis(1),
+    min_ttl: Duration::from_millis(1),
+    wakeup: Wakeup::Watch,
+};
+
+/// How many times cleanup of our own node is tried before the session is left to remove it.
+const CLEANUP_TRIES: u32 = 3;
+/// How many times a create is retried when its container parent vanished meanwhile.
+const CREATE_TRIES: u32 = 5;
+
+/// A lock client over a ZooKeeper ensemble: one session, shared by all its locks. Cheap to clone.
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connect: String,
+    options: ZkOptions,
+    epoch: tokio::sync::Mutex<Option<Arc<Epoch>>>,
+}
+
+impl std::fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("connect", &self.inner.connect)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+impl ZkBackend {
+    /// Connects to `connect` (`host:port,host:port[/chroot]`).
+    ///
+    /// # Errors
+    /// `InvalidConfig` for an empty connect string or a root that is not an absolute path; a
+    /// retryable backend error when no server answers within `connect_timeout`.
+    pub async fn connect(connect: &str, options: ZkOptions) -> Result<Self> {
+        if connect.trim().is_empty() {
+            return Err(LockError::invalid_config(
+                "connect",
+                connect,
+                "at least one ZooKeeper server is needed",
+            ));
+        }
+        if !options.root.starts_with('/') || options.root.ends_with('/') {
+            return Err(LockError::invalid_config(
+                "root",
+                &options.root,
+                "must be an absolute path without a trailing /",
+            ));
+        }
+        let backend = ZkBackend {
+            inner: Arc::new(Inner {
+                connect: connect.to_string(),
+                options,
+                epoch: tokio::sync::Mutex::new(None),
+            }),
+        };
+        backend.epoch().await?;
+        Ok(backend)
+    }
+
+    fn label(&self) -> String {
+        format!("zookeeper {}", self.inner.connect)
+    }
+
+    fn err(&self, e: ZkError) -> LockError {
+        let retryable = matches!(
+            e,
+            ZkError::ConnectionLoss
+                | ZkError::Timeout
+                | ZkError::NoHosts
+                | ZkError::SessionExpired
+                | ZkError::SessionMoved
+                | ZkError::Throttled
+                | ZkError::ClientClosed
+                | ZkError::NotReadOnly
+        );
+        LockError::backend(self.label(), retryable, e)
+    }
+
+    async fn call<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, ZkError>>,
+    ) -> Result<T> {
+        match timeout(self.inner.options.op_timeout, fut).await {
+            Ok(r) => r.map_err(|e| self.err(e)),
+            Err(_) => Err(LockError::backend(
+                self.label(),
+                true,
+                format!("no answer within {:?}", self.inner.options.op_timeout),
+            )),
+        }
+    }
+
+    /// The live epoch; a new one on the same session once it is connected again, or on a new
+    /// session after it expired or closed.
+    async fn epoch(&self) -> Result<Arc<Epoch>> {
+        let mut current = self.inner.epoch.lock().await;
+        if let Some(e) = current.as_ref() {
+            if e.is_live() {
+                return Ok(e.clone());
+            }
+            match e.client.state() {
+                SessionState::SyncConnected => {
+                    let next = Epoch::start(e.client.clone(), self.inner.options.on_disconnect);
+                    *current = Some(next.clone());
+                    return Ok(next);
+                }
+                SessionState::Disconnected | SessionState::ConnectedReadOnly => {
+                    return Err(LockError::backend(
+                        self.label(),
+                        true,
+                        "disconnected from ZooKeeper; the session may come back",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let o = &self.inner.options;
+        let mut connector = Client::connector()
+            .with_session_timeout(o.session_timeout)
+            .with_connection_timeout(o.connect_timeout);
+        if let Some(digest) = &o.digest {
+            connector = connector.with_auth("digest", digest.as_bytes());
+        }
+        let client = self.call(connector.connect(&self.inner.connect)).await?;
+        let next = Epoch::start(client, o.on_disconnect);
+        *current = Some(next.clone());
+        Ok(next)
+    }
+
+    fn acls(&self) -> Acls<'static> {
+        match self.inner.options.acl {
+            NodeAcl::Open => Acls::anyone_all(),
+            NodeAcl::CreatorOnly => Acls::creator_all(),
+        }
+    }
+
+    /// The queue directory of `name` (see [`crate::paths`]).
+    pub fn lock_dir(&self, name: &LockName) -> String {
+        lock_dir(&self.inner.options.root, name)
+    }
+
+    /// A client of the current session, for the caller's own reads and guarded writes.
+    ///
+    /// # Errors
+    /// As for connecting, when no live session can be had.
+    pub async fn client(&self) -> Result<Client> {
+        Ok(self.epoch().await?.client.clone())
+    }
+
+    /// Creates the root (persistent) and the lock's container directory if missing.
+    async fn ensure_dir(&self, client: &Client, dir: &str) -> Result<()> {
+        let acls = self.acls();
+        for (path, mode) in [
+            (self.inner.options.root.as_str(), CreateMode::Persistent),
+            (dir, CreateMode::Container),
+        ] {
+            match self
+                .call(client.create(path, &[], &mode.with_acls(acls)))
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NodeExists)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates our ephemeral sequential node; returns its path and Stat (czxid). After a
+    /// connection loss during create, finds the node by its protected prefix *and* our session id
+    /// before creating another.
+    async fn create_node(
+        &self,
+        epoch: &Epoch,
+        dir: &str,
+        secret: &OwnerSecret,
+    ) -> Result<(String, Stat)> {
+        let prefix = node_prefix(dir, secret);
+        let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
+        let data = secret.expose_hex();
+        for _ in 0..CREATE_TRIES {
+            match self
+                .call(epoch.client.create(&prefix, data.as_bytes(), &mode))
+                .await
+            {
+                Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat)),
+                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => {
+                    self.ensure_dir(&epoch.client, dir).await?
+                }
+                Err(e)
+                    if is_zk(&e, |z| matches!(z, ZkError::ConnectionLoss))
+                        || is_local_timeout(&e) =>
+                {
+                    if let Some(found) = self.find_own_node(epoch, dir, secret).await? {
+                        return Ok(found);
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LockError::backend(
+            self.label(),
+            true,
+            format!("{dir} kept vanishing while creating our node"),
+        ))
+    }
+
+    async fn find_own_node(
+        &self,
+        epoch: &Epoch,
+        dir: &str,
+        secret: &OwnerSecret,
+    ) -> Result<Option<(String, Stat)>> {
+        let marker = format!("_c_{}{LOCK_MARKER}", attempt_id(secret));
+        let children = match self.call(epoch.client.list_children(dir)).await {
+            Ok(c) => c,
+            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for child in children.iter().filter(|c| c.starts_with(&marker)) {
+            let path = format!("{dir}/{child}");
+            if let Some(stat) = self.call(epoch.client.check_stat(&path)).await?
+                && stat.ephemeral_owner == epoch.session_id()
+            {
+                return Ok(Some((path, stat)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The queue of `dir` in sequence order, as node names.
+    async fn queue(&self, client: &Client, dir: &str) -> Result<Vec<String>> {
+        let mut children: Vec<String> = self
+            .call(client.list_children(dir))
+            .await?
+            .into_iter()
+            .filter(|c| sequence(c).is_some())
+            .collect();
+        children.sort_by_key(|c| sequence(c));
+        Ok(children)
+    }
+
+    async fn acquire_inner(&self, name: &LockName, deadline: Option<Instant>) -> Result<Grant> {
+        let started = Instant::now();
+        let epoch = self.epoch().await?;
+        let dir = self.lock_dir(name);
+        let secret = OwnerSecret::random()?;
+        let sent = Instant::now();
+        let (path, stat) = self.create_node(&epoch, &dir, &secret).await?;
+        let mut queued = QueuedNode {
+            backend: self.clone(),
+            path: Some(path.clone()),
+        };
+        let outcome = self.wait_turn(&epoch, &dir, &path, deadline).await;
+        let outcome = match outcome {
+            Ok(()) => Ok(()),
+            Err(LockError::Timeout { .. }) => Err(LockError::Timeout {
+                name: name.to_string(),
+                waited: started.elapsed(),
+            }),
+            Err(LockError::Busy { .. }) => Err(LockError::Busy {
+                name: name.to_string(),
+            }),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            queued.remove().await;
+            return Err(e);
+        }
+        queued.path = None;
+        Ok(Grant {
+            key: GrantKey {
+                name: name.clone(),
+                resource: path,
+                secret,
+            },
+            token: Some(FencingToken(stat.czxid as u64)),
+            ttl: epoch.client.session_timeout(),
+            sent_at: sent,
+            session: Some(epoch.lost_signal()),
+        })
+    }
+
+    /// Waits until our node is the lowest, watching only the next lower node and re-listing
+    /// after every event. Before success, checks our node and our epoch are still alive.
+    async fn wait_turn(
+        &self,
+        epoch: &Epoch,
+        dir: &str,
+        path: &str,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        let ours = path.rsplit('/').next().unwrap_or_default().to_string();
+        let lost = epoch.lost_signal();
+        loop {
+            let queue = self.queue(&epoch.client, dir).await?;
+            let Some(pos) = queue.iter().position(|c| *c == ours) else {
+                return Err(LockError::backend(
+                    self.label(),
+                    true,
+                    "our queue node vanished (session lost?)",
+                ));
+            };
+            if pos == 0 {
+                if !epoch.is_live() {
+                    return Err(LockError::backend(
+                        self.label(),
+                        true,
+                        "the session epoch ended while waiting",
+                    ));
+                }
+                return Ok(());
+            }
+            let Some(deadline) = deadline else {
+                return Err(LockError::Busy {
+                    name: String::new(),
+                });
+            };
+            let pred = format!("{dir}/{}", queue[pos - 1]);
+            let (stat, watcher) = self.call(epoch.client.check_and_watch_stat(&pred)).await?;
+            if stat.is_none() {
+                continue;
+            }
+            tokio::select! {
+                _ = watcher.changed() => {}
+                _ = lost.wait() => {
+                    return Err(LockError::backend(self.label(), true, "the session epoch ended while waiting"));
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(LockError::Timeout { name: String::new(), waited: Duration::ZERO });
+                }
+            }
+        }
+    }
+}
+
+fn is_zk(e: &LockError, pred: impl Fn(&ZkError) -> bool) -> bool {
+    match e {
+        LockError::Backend { source, .. } => source.downcast_ref::<ZkError>().is_some_and(pred),
+        _ => false,
+    }
+}
+
+/// Our own per-call timeout (the only backend error whose source is not a ZooKeeper error).
+fn is_local_timeout(e: &LockError) -> bool {
+    matches!(e, LockError::Backend { source, .. } if source.downcast_ref::<ZkError>().is_none())
+}
+
+/// Our queue node while we do not hold the lock: deleted inline on busy / timeout / error, and
+/// in the background (retried, bounded) if the acquire future is dropped; the session is the
+/// fallback.
+struct QueuedNode {
+    backend: ZkBackend,
+    path: Option<String>,
+}
+
+impl QueuedNode {
+    async fn remove(mut self) {
+        if let Some(path) = self.path.take() {
+            delete_with_retries(&self.backend, &path).await;
+        }
+    }
+}
+
+async fn delete_with_retries(backend: &ZkBackend, path: &str) {
+    for attempt in 0..CLEANUP_TRIES {
+        let Ok(client) = backend.client().await else {
+            continue;
+        };
+        match backend.call(client.delete(path, None)).await {
+            Ok(()) => return,
+            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100 << attempt)).await,
+        }
+    }
+    tracing::warn!(
+        path,
+        "distlock zookeeper: could not delete a queue node; the session will"
+    );
+}
+
+impl Drop for QueuedNode {
+    fn drop(&mut self) {
+        let Some(path) = self.path.take() else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        rt.spawn(async move { delete_with_retries(&backend, &path).await });
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZkBackend {
+    fn kind(&self) -> &'static str {
+        "zk"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
+    async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
+        self.acquire_inner(name, None).await
+    }
+
+    async fn acquire(&self, name: &LockName, _ttl: Duration, deadline: Instant) -> Result<Grant> {
+        self.acquire_inner(name, Some(deadline)).await
+    }
+
+    /// The session heartbeat is the renewal; this checks the session is alive and our node still
+    /// holds our secret.
+    async fn renew(&self, key: &GrantKey, _ttl: Duration) -> Result<Renewal> {
+        if !owned_by(&key.resource, &key.secret) {
+            return Ok(Renewal::NotHeld);
+        }
+        let epoch = self.epoch().await?;
+        match self.call(epoch.client.get_data(&key.resource)).await {
+            Ok((data, _)) if data == key.secret.expose_hex().as_bytes() => Ok(Renewal::Renewed),
+            Ok(_) => Ok(Renewal::NotHeld),
+            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => Ok(Renewal::NotHeld),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes our node. A secret that does not match the path is refused without a server call.
+    async fn release(&self, key: &GrantKey) -> Result<bool> {
+        if !owned_by(&key.resource, &key.secret) {
+            return Ok(false);
+        }
+        let client = self.client().await?;
+        match self.call(client.delete(&key.resource, None)).await {
+            Ok(()) => Ok(true),
+            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! ZooKeeper: one standalone server shared by the scenarios, a server of its own for the
+//! scenario that kills it. Cut clients go through a [`Proxy`].
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{Capabilities, LockBackend, LockName};
+use distlock_zk::{ZkBackend, ZkOptions};
+
+use crate::Factory;
+use crate::deployment::{Cut, Deployment, ServerFaults};
+use crate::harness::{Proxy, ProxyMode, ZkEnsemble};
+
+/// The ZooKeeper backend's factory.
+pub const FACTORY: Factory = Factory {
+    label: "zk",
+    capabilities: || distlock_zk::CAPABILITIES.clone(),
+    shared: || Box::pin(deploy(true)),
+    isolated: Some(|| Box::pin(deploy(false))),
+};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn options() -> ZkOptions {
+    ZkOptions {
+        root: "/distlock-test".into(),
+        session_timeout: TTL,
+        connect_timeout: Duration::from_secs(2),
+        op_timeout: Duration::from_secs(1),
+        ..ZkOptions::default()
+    }
+}
+
+async fn deploy(shared: bool) -> Arc<dyn Deployment> {
+    static SHARED: OnceLock<Arc<ZkEnsemble>> = OnceLock::new();
+    let ensemble = tokio::task::spawn_blocking(move || {
+        let start = || Arc::new(ZkEnsemble::start(1).unwrap_or_else(|e| panic!("{e}")));
+        if shared {
+            SHARED.get_or_init(start).clone()
+        } else {
+            start()
+        }
+    })
+    .await
+    .expect("starting zookeeper");
+    let admin = zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(&ensemble.connect_string())
+        .await
+        .expect("admin client");
+    Arc::new(ZkDeployment {
+        ensemble,
+        admin,
+        owns_ensemble: !shared,
+    })
+}
+
+/// A ZooKeeper deployment: the ensemble and an admin client that lists queue nodes.
+pub struct ZkDeployment {
+    ensemble: Arc<ZkEnsemble>,
+    admin: zookeeper_client::Client,
+    owns_ensemble: bool,
+}
+
+struct ProxyCut(Vec<Proxy>);
+
+impl Cut for ProxyCut {
+    fn cut(&self) {
+        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Blackhole));
+    }
+    fn restore(&self) {
+        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
+    }
+}
+
+impl ServerFaults for ZkDeployment {
+    fn kill_all(&self) {
+        self.ensemble.nodes.iter().for_each(|n| n.kill());
+    }
+    fn restart_all(&self) {
+        std::thread::scope(|s| {
+            for n in &self.ensemble.nodes {
+                s.spawn(|| n.restart().unwrap_or_else(|e| panic!("{e}")));
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl Deployment for ZkDeployment {
+    fn label(&self) -> &'static str {
+        "zk"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        distlock_zk::CAPABILITIES.clone()
+    }
+
+    async fn client(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            ZkBackend::connect(&self.ensemble.connect_string(), options())
+                .await
+                .expect("connect"),
+        )
+    }
+
+    async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
+        let proxies: Vec<Proxy> = self
+            .ensemble
+            .client_ports
+            .iter()
+            .map(|&p| Proxy::start(([127, 0, 0, 1], p).into()).expect("proxy"))
+            .collect();
+        let connect: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+        let client = ZkBackend::connect(&connect.join(","), options())
+            .await
+            .expect("connect through proxy");
+        (Arc::new(client), Box::new(ProxyCut(proxies)))
+    }
+
+    async fn artifacts(&self, name: &LockName) -> usize {
+        let dir = distlock_zk::paths::lock_dir(&options().root, name);
+        match self.admin.list_children(&dir).await {
+            Ok(children) => children.len(),
+            Err(zookeeper_client::Error::NoNode) => 0,
+            Err(e) => panic!("listing {dir}: {e}"),
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        TTL
+    }
+
+    fn expiry_slack(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn servers(&self) -> Option<&dyn ServerFaults> {
+        self.owns_ensemble.then_some(self as &dyn ServerFaults)
+    }
+}
