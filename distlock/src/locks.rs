@@ -1,0 +1,250 @@
+//! [`Locks`]: the two grade profiles, built from a [`Config`] and checked at load time.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_api::{AcquireOptions, Guarantee, Lease, LockBackend, LockClient, LockError, Owner};
+
+use crate::config::{Config, OptionValue};
+use crate::error::ConfigError;
+use crate::spec::{BackendSpec, parse_duration};
+
+/// Builds a backend client from a URL (see [`BackendSpec`]).
+///
+/// # Errors
+/// [`ConfigError`] for a bad URL; [`ConfigError::Backend`] when it cannot connect.
+pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, ConfigError> {
+    let spec = BackendSpec::parse("url", url, &BTreeMap::new())?;
+    spec.connect().await.map_err(|source| ConfigError::Backend {
+        backend: crate::spec::redact(url),
+        source,
+    })
+}
+
+#[derive(Debug, Clone)]
+struct Profile {
+    backend: String,
+    client: LockClient,
+}
+
+/// Lock clients for the two grades. Call sites say what they need:
+/// `locks.efficiency("cache:42")` or `locks.correctness("payment:7")`.
+///
+/// Guarantees: the correctness profile, when present, is a backend whose declared capabilities
+/// give `Correctness` (checked at load time), and every correctness lease carries a fencing
+/// token. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Locks {
+    efficiency: Profile,
+    correctness: Option<Profile>,
+    defaults: AcquireOptions,
+}
+
+fn text(v: &OptionValue) -> String {
+    v.to_string()
+}
+
+fn lease_defaults(config: &Config) -> Result<AcquireOptions, ConfigError> {
+    let mut opts = AcquireOptions::default();
+    if let Some(ttl) = &config.lease.ttl {
+        opts.ttl = parse_duration("lease.ttl", &text(ttl))?;
+    }
+    if let Some(every) = &config.lease.renew_every {
+        opts = opts.renew_every(parse_duration("lease.renew_every", &text(every))?);
+    }
+    opts.validate().map_err(|e| match e {
+        LockError::InvalidConfig { key, value, reason } => ConfigError::InvalidValue {
+            key: format!("lease.{key}"),
+            value,
+            reason,
+        },
+        other => ConfigError::invalid("lease", "", other.to_string()),
+    })?;
+    Ok(opts)
+}
+
+impl Locks {
+    /// Loads `path` (TOML, optional) and `DISTLOCK_*` variables, checks them, and connects.
+    ///
+    /// # Errors
+    /// Any [`ConfigError`]; grade mismatches and bad values are found before connecting.
+    pub async fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::from_config(&Config::load(path)?).await
+    }
+
+    /// Checks `config` and connects the backends its profiles use.
+    ///
+    /// # Errors
+    /// As [`Locks::load`].
+    pub async fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        let defaults = lease_defaults(config)?;
+        let mut specs = BTreeMap::new();
+        for (name, b) in &config.backends {
+            let options: BTreeMap<String, String> = b
+                .options
+                .iter()
+                .map(|(k, v)| (k.clone(), text(v)))
+                .collect();
+            specs.insert(
+                name.clone(),
+                BackendSpec::parse(&format!("backends.{name}.url"), &b.url, &options)?,
+            );
+        }
+        let have = || specs.keys().cloned().collect::<Vec<_>>().join(", ");
+        let only = (specs.len() == 1)
+            .then(|| specs.keys().next().cloned())
+            .flatten();
+        let pick =
+            |profile: &str, chosen: &Option<String>| -> Result<Option<String>, ConfigError> {
+                match chosen {
+                    Some(name) if specs.contains_key(name) => Ok(Some(name.clone())),
+                    Some(name) => Err(ConfigError::UnknownBackend {
+                        profile: profile.to_string(),
+                        backend: name.clone(),
+                        have: have(),
+                    }),
+                    None => Ok(only.clone()),
+                }
+            };
+        let efficiency = pick("efficiency", &config.efficiency)?.ok_or_else(|| {
+            ConfigError::invalid(
+                "efficiency",
+                "",
+                format!(
+                    "several backends ({}): name the one for efficiency locks",
+                    have()
+                ),
+            )
+        })?;
+        let correctness = match pick("correctness", &config.correctness)? {
+            Some(name) => {
+                let caps = specs[&name].capabilities();
+                match (
+                    caps.refusal(Guarantee::Correctness),
+                    config.correctness.is_some(),
+                ) {
+                    (None, _) => Some(name),
+                    (Some(missing), true) => {
+                        return Err(ConfigError::GradeMismatch {
+                            profile: "correctness".into(),
+                            backend: name.clone(),
+                            kind: specs[&name].kind().into(),
+                            missing: missing.into(),
+                        });
+                    }
+                    // The only backend cannot give correctness and nobody asked it to.
+                    (Some(_), false) => None,
+                }
+            }
+            None => None,
+        };
+        let mut clients: BTreeMap<String, LockClient> = BTreeMap::new();
+        for name in std::iter::once(&efficiency).chain(correctness.as_ref()) {
+            if !clients.contains_key(name) {
+                let backend =
+                    specs[name]
+                        .connect()
+                        .await
+                        .map_err(|source| ConfigError::Backend {
+                            backend: name.clone(),
+                            source,
+                        })?;
+                clients.insert(name.clone(), LockClient::new(backend));
+            }
+        }
+        let profile = |name: &String| Profile {
+            backend: name.clone(),
+            client: clients[name].clone(),
+        };
+        Ok(Locks {
+            efficiency: profile(&efficiency),
+            correctness: correctness.as_ref().map(profile),
+            defaults,
+        })
+    }
+
+    /// An efficiency lock on `name` (a rare double run only wastes work).
+    pub fn efficiency(&self, name: &str) -> Acquire<'_> {
+        Acquire {
+            profile: Ok(&self.efficiency),
+            name: name.to_string(),
+            opts: self.defaults.clone().guarantee(Guarantee::Efficiency),
+        }
+    }
+
+    /// A correctness lock on `name` (a double run loses money): from the correctness profile,
+    /// always with a fencing token the protected resource must check.
+    pub fn correctness(&self, name: &str) -> Acquire<'_> {
+        Acquire {
+            profile: self.correctness.as_ref().ok_or(()),
+            name: name.to_string(),
+            opts: self.defaults.clone().guarantee(Guarantee::Correctness),
+        }
+    }
+
+    /// The backend name serving each profile: (efficiency, correctness).
+    pub fn profiles(&self) -> (&str, Option<&str>) {
+        (
+            &self.efficiency.backend,
+            self.correctness.as_ref().map(|p| p.backend.as_str()),
+        )
+    }
+}
+
+/// One call site's acquire, with the profile's defaults; adjust, then `try_now` or `wait`.
+#[derive(Debug)]
+pub struct Acquire<'a> {
+    profile: Result<&'a Profile, ()>,
+    name: String,
+    opts: AcquireOptions,
+}
+
+impl Acquire<'_> {
+    /// Sets the lease TTL for this call.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.opts.ttl = ttl;
+        self
+    }
+
+    /// No watchdog: the lease holds for the TTL unless renewed by hand.
+    pub fn fixed(mut self) -> Self {
+        self.opts = self.opts.fixed();
+        self
+    }
+
+    /// Makes the acquire re-entrant for `owner`.
+    pub fn owner(mut self, owner: &Owner) -> Self {
+        self.opts = self.opts.owner(owner);
+        self
+    }
+
+    fn client(&self) -> Result<&LockClient, LockError> {
+        self.profile
+            .map(|p| &p.client)
+            .map_err(|()| LockError::Unsupported {
+                backend: "none",
+                what: "correctness: the configuration has no correctness profile".into(),
+            })
+    }
+
+    /// Takes the lock if free, else fails with `Busy` at once.
+    ///
+    /// # Errors
+    /// As [`LockClient::try_acquire`]; `Unsupported` for a correctness call without a
+    /// correctness profile.
+    pub async fn try_now(self) -> Result<Lease, LockError> {
+        self.client()?.try_acquire(&self.name, &self.opts).await
+    }
+
+    /// Takes the lock, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// As [`LockClient::acquire`]; `Unsupported` as for [`Acquire::try_now`].
+    pub async fn wait(self, timeout: Duration) -> Result<Lease, LockError> {
+        self.client()?
+            .acquire(&self.name, &self.opts, timeout)
+            .await
+    }
+}

@@ -1,0 +1,231 @@
+//! Configuration: defaults that work, profiles per grade, and one typed error per bad input.
+
+use distlock::{Config, ConfigError, Guarantee, LockError, Locks};
+use figment::Jail;
+
+async fn load(toml: &str) -> Result<Locks, ConfigError> {
+    Locks::from_config(&Config::from_toml(toml)?).await
+}
+
+fn invalid_key(r: Result<Locks, ConfigError>) -> (String, String) {
+    match r {
+        Err(ConfigError::InvalidValue { key, value, .. }) => (key, value),
+        other => panic!("expected InvalidValue, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn no_configuration_means_one_memory_backend_for_both_grades() {
+    let locks = load("").await.expect("defaults");
+    assert_eq!(locks.profiles(), ("default", Some("default")));
+    let lease = locks
+        .correctness("payment:7")
+        .try_now()
+        .await
+        .expect("correctness on memory");
+    assert_eq!(lease.guarantee(), Guarantee::Correctness);
+    assert!(lease.fencing_token().is_some());
+    let busy = locks.efficiency("payment:7").try_now().await;
+    assert!(
+        matches!(busy, Err(LockError::Busy { .. })),
+        "both profiles share the one store"
+    );
+}
+
+#[tokio::test]
+async fn memory_urls_with_one_store_name_share_it() {
+    let toml = r#"
+        efficiency = "a"
+        correctness = "b"
+        [backends.a]
+        url = "memory://shared"
+        [backends.b]
+        url = "memory://shared"
+    "#;
+    let locks = load(toml).await.expect("two names, one store");
+    let _held = locks.efficiency("x").try_now().await.expect("first");
+    assert!(matches!(
+        locks.correctness("x").try_now().await,
+        Err(LockError::Busy { .. })
+    ));
+}
+
+#[tokio::test]
+async fn correctness_on_redis_fails_at_load_time_naming_profile_backend_and_capability() {
+    let toml = r#"
+        correctness = "cache"
+        [backends.cache]
+        url = "redis://127.0.0.1:1"
+    "#;
+    match load(toml).await {
+        Err(ConfigError::GradeMismatch {
+            profile,
+            backend,
+            kind,
+            missing,
+        }) => {
+            assert_eq!(
+                (profile.as_str(), backend.as_str(), kind.as_str()),
+                ("correctness", "cache", "redis")
+            );
+            assert!(missing.contains("efficiency"), "{missing}");
+        }
+        other => panic!("expected GradeMismatch, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_lone_efficiency_backend_that_cannot_connect_is_named() {
+    // Port 1: nothing listens, so connecting fails; the grade logic is checked before that.
+    let toml = r#"
+        [backends.cache]
+        url = "redis://127.0.0.1:1?connect_timeout=200ms"
+    "#;
+    match load(toml).await {
+        Err(ConfigError::Backend { backend, .. }) => assert_eq!(backend, "cache"),
+        other => panic!("expected a connect error for the efficiency backend, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn unknown_scheme_is_named() {
+    match load("[backends.x]\nurl = \"consul://h:1\"").await {
+        Err(ConfigError::UnknownScheme {
+            key, scheme, known, ..
+        }) => {
+            assert_eq!(
+                (key.as_str(), scheme.as_str()),
+                ("backends.x.url", "consul")
+            );
+            assert!(known.contains("etcd"), "{known}");
+        }
+        other => panic!("expected UnknownScheme, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn malformed_url_is_named() {
+    let (key, value) = invalid_key(load("[backends.x]\nurl = \"etcd:h1:2379\"").await);
+    assert_eq!(
+        (key.as_str(), value.as_str()),
+        ("backends.x.url", "etcd:h1:2379")
+    );
+    let (key, value) = invalid_key(load("[backends.x]\nurl = \"etcd://h1:notaport\"").await);
+    assert_eq!(key, "backends.x.url");
+    assert!(value.contains("notaport"));
+}
+
+#[tokio::test]
+async fn empty_endpoint_list_is_named() {
+    let (key, _) = invalid_key(load("[backends.x]\nurl = \"etcd:///prefix\"").await);
+    assert_eq!(key, "backends.x.url");
+    let (key, _) = invalid_key(load("[backends.x]\nurl = \"zk://,,/app\"").await);
+    assert_eq!(key, "backends.x.url");
+}
+
+#[tokio::test]
+async fn zero_ttl_is_named() {
+    let (key, value) = invalid_key(load("[lease]\nttl = \"0s\"").await);
+    assert_eq!((key.as_str(), value.as_str()), ("lease.ttl", "0s"));
+}
+
+#[tokio::test]
+async fn negative_ttl_is_named() {
+    let (key, value) = invalid_key(load("[lease]\nttl = -5").await);
+    assert_eq!((key.as_str(), value.as_str()), ("lease.ttl", "-5"));
+}
+
+#[tokio::test]
+async fn renew_interval_not_below_ttl_is_named() {
+    let (key, _) = invalid_key(load("[lease]\nttl = \"10s\"\nrenew_every = \"10s\"").await);
+    assert_eq!(key, "lease.renew_every");
+}
+
+#[tokio::test]
+async fn bad_backend_option_is_named() {
+    let toml = "[backends.x]\nurl = \"etcd://h:2379\"\noptions = { session_ttl = \"soon\" }";
+    let (key, value) = invalid_key(load(toml).await);
+    assert_eq!(
+        (key.as_str(), value.as_str()),
+        ("backends.x.options.session_ttl", "soon")
+    );
+    let (key, _) = invalid_key(load("[backends.x]\nurl = \"zk://h:2181?colour=red\"").await);
+    assert_eq!(key, "backends.x.options.colour");
+}
+
+#[tokio::test]
+async fn unknown_keys_are_refused() {
+    for toml in [
+        "colour = \"red\"",
+        "[lease]\nttl = \"1s\"\nspeed = 3",
+        "[backends.x]\nurl = \"memory://\"\nhost = \"h\"",
+    ] {
+        match load(toml).await {
+            Err(ConfigError::Parse(e)) => assert!(e.to_string().contains("unknown field"), "{e}"),
+            other => panic!("{toml}: expected a parse error, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn profile_naming_a_missing_backend_is_named() {
+    match load("correctness = \"main\"").await {
+        Err(ConfigError::UnknownBackend {
+            profile,
+            backend,
+            have,
+        }) => {
+            assert_eq!(
+                (profile.as_str(), backend.as_str(), have.as_str()),
+                ("correctness", "main", "default")
+            );
+        }
+        other => panic!("expected UnknownBackend, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn several_backends_need_an_efficiency_profile() {
+    let toml = "[backends.a]\nurl = \"memory://a\"\n[backends.b]\nurl = \"memory://b\"";
+    let (key, _) = invalid_key(load(toml).await);
+    assert_eq!(key, "efficiency");
+}
+
+#[test]
+fn passwords_never_show_in_debug_or_errors() {
+    let config = Config::from_toml(
+        "[backends.x]\nurl = \"redis://user:hunter2@h:6379/0\"\noptions = { password = \"hunter3\" }",
+    )
+    .expect("parses");
+    let dbg = format!("{config:?}");
+    assert!(
+        !dbg.contains("hunter2") && !dbg.contains("hunter3"),
+        "{dbg}"
+    );
+    let err =
+        distlock::BackendSpec::parse("k", "etcd://user:hunter2@h:notaport", &Default::default())
+            .unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+#[test]
+fn file_and_environment_merge_with_environment_winning() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "distlock.toml",
+            "efficiency = \"a\"\n[backends.a]\nurl = \"memory://a\"\n[lease]\nttl = \"30s\"",
+        )?;
+        jail.set_env("DISTLOCK_LEASE__TTL", "5s");
+        jail.set_env("DISTLOCK_BACKENDS__B__URL", "memory://b");
+        jail.set_env("DISTLOCK_CORRECTNESS", "b");
+        let config = Config::load(Some("distlock.toml".as_ref())).expect("loads");
+        assert_eq!(
+            config.lease.ttl.map(|t| t.to_string()).as_deref(),
+            Some("5s")
+        );
+        assert_eq!(config.backends["b"].url, "memory://b");
+        assert_eq!(config.correctness.as_deref(), Some("b"));
+        assert_eq!(config.efficiency.as_deref(), Some("a"));
+        Ok(())
+    });
+}
