@@ -209,6 +209,8 @@ fn passwords_never_show_in_debug_or_errors() {
 }
 
 #[test]
+// figment's Jail fixes the closure's error type; its size is not ours to choose.
+#[allow(clippy::result_large_err)]
 fn file_and_environment_merge_with_environment_winning() {
     Jail::expect_with(|jail| {
         jail.create_file(
