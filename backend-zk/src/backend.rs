@@ -176,15 +176,21 @@ impl ZkBackend {
         Ok(self.epoch().await?.client.clone())
     }
 
-    /// Creates the root (persistent) and the lock's container directory if missing.
+    /// Creates the root and its ancestors (persistent) and the lock's container directory, where
+    /// missing. A chroot given in the connect string must already exist, as in ZooKeeper itself.
     async fn ensure_dir(&self, client: &Client, dir: &str) -> Result<()> {
         let acls = self.acls();
-        for (path, mode) in [
-            (self.inner.options.root.as_str(), CreateMode::Persistent),
-            (dir, CreateMode::Container),
-        ] {
+        let root = &self.inner.options.root;
+        let mut paths: Vec<(String, CreateMode)> = root
+            .match_indices('/')
+            .skip(1)
+            .map(|(i, _)| (root[..i].to_string(), CreateMode::Persistent))
+            .collect();
+        paths.push((root.clone(), CreateMode::Persistent));
+        paths.push((dir.to_string(), CreateMode::Container));
+        for (path, mode) in paths {
             match self
-                .call(client.create(path, &[], &mode.with_acls(acls)))
+                .call(client.create(&path, &[], &mode.with_acls(acls)))
                 .await
             {
                 Ok(_) => {}

@@ -51,6 +51,12 @@ pub trait Deployment: Send + Sync {
     /// How long after the TTL the server may take to free a dead holder's lock.
     fn expiry_slack(&self) -> Duration;
 
+    /// The URL another process would use to reach this deployment (with the suite's TTL and
+    /// timeouts), or `None` for an in-process store.
+    fn url(&self) -> Option<String> {
+        None
+    }
+
     /// Server faults, when the deployment runs server processes of its own.
     fn servers(&self) -> Option<&dyn ServerFaults> {
         None

@@ -71,6 +71,8 @@ macro_rules! for_each_scenario {
             lost_signal_fires_before_a_competitor_acquires,
             fencing_tokens_strictly_increase,
             paused_holder_write_is_fenced_off,
+            paused_holder_process_is_fenced_off,
+            killed_holder_process_frees_the_lock,
             waiter_wakes_promptly_after_release,
             waiter_whose_session_dies_gets_an_error,
             waiters_are_granted_in_arrival_order,
@@ -148,6 +150,14 @@ pub fn offered(scenario: &str, factory: &Factory) -> Result<(), String> {
         }
         "server_kill_gives_retryable_errors_then_recovers" if factory.isolated.is_none() => {
             Err("no server process to kill (in-process store)".into())
+        }
+        "paused_holder_process_is_fenced_off" | "killed_holder_process_frees_the_lock"
+            if factory.isolated.is_none() =>
+        {
+            Err("in-process store: no other process can reach it".into())
+        }
+        "paused_holder_process_is_fenced_off" if !caps.fencing.is_monotonic() => {
+            Err("no monotonic fencing token (declared fencing: none)".into())
         }
         _ => Ok(()),
     }

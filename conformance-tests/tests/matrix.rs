@@ -9,7 +9,7 @@ fn checked_in_matrix_is_current() {
     let expected = matrix::render(&deployments::all(), None);
     assert!(
         on_disk == expected,
-        "{} is out of date: run `cargo run -p distlock-conformance --bin conformance-matrix`",
+        "{} is out of date: run `cargo build -p distlock-conformance --bins && cargo run -p distlock-conformance --bin conformance-matrix`",
         matrix::PATH
     );
 }

@@ -140,6 +140,13 @@ impl Deployment for EtcdDeployment {
         Duration::from_secs(1)
     }
 
+    fn url(&self) -> Option<String> {
+        Some(format!(
+            "etcd://{}/distlock-test?session_ttl=2s&op_timeout=1s",
+            self.cluster.endpoints().join(",")
+        ))
+    }
+
     fn servers(&self) -> Option<&dyn ServerFaults> {
         self.owns_cluster.then_some(self as &dyn ServerFaults)
     }

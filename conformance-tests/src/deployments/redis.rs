@@ -132,6 +132,13 @@ impl Deployment for RedisDeployment {
         Duration::from_millis(200)
     }
 
+    fn url(&self) -> Option<String> {
+        Some(format!(
+            "{}?prefix=distlock-test&op_timeout=1s",
+            self.server.url()
+        ))
+    }
+
     fn servers(&self) -> Option<&dyn ServerFaults> {
         self.owns_server.then_some(self as &dyn ServerFaults)
     }

@@ -136,6 +136,13 @@ impl Deployment for ZkDeployment {
         Duration::from_secs(1)
     }
 
+    fn url(&self) -> Option<String> {
+        Some(format!(
+            "zk://{}?root=/distlock-test&session_timeout=2s&op_timeout=1s",
+            self.ensemble.connect_string()
+        ))
+    }
+
     fn servers(&self) -> Option<&dyn ServerFaults> {
         self.owns_ensemble.then_some(self as &dyn ServerFaults)
     }

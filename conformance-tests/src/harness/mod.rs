@@ -6,9 +6,11 @@
 //! Single servers and multi-node deployments: [`RedisServer`] / [`RedisMasters`],
 //! [`EtcdCluster`] (1 or 3 members), [`ZkEnsemble`] (standalone or 3 nodes). Fault hooks:
 //! [`ServerProcess::kill`], [`ServerProcess::restart`], [`ServerProcess::pause`] /
-//! [`ServerProcess::resume`], and the TCP [`Proxy`] between a client and a server.
+//! [`ServerProcess::resume`], and the TCP [`Proxy`] between a client and a server. A
+//! [`HolderProcess`] runs a lock holder in another process, to pause (SIGSTOP) or kill.
 
 mod etcd;
+mod holder;
 mod process;
 mod proxy;
 mod redis;
@@ -21,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use etcd::EtcdCluster;
+pub use holder::{HolderProcess, holder_binary};
 pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisMasters, RedisServer};

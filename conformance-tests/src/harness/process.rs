@@ -16,7 +16,7 @@ type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
 
 /// Spawns from one thread that lives as long as the process: `PR_SET_PDEATHSIG` fires when the
 /// spawning *thread* exits, so spawning from a short-lived test thread would kill the server early.
-fn spawn(cmd: Command) -> std::io::Result<Child> {
+pub(crate) fn spawn(cmd: Command) -> std::io::Result<Child> {
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();

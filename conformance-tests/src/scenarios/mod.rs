@@ -8,6 +8,7 @@ mod fencing;
 mod liveness;
 mod lost;
 mod ownership;
+mod process;
 mod reentrancy;
 mod waiting;
 
@@ -28,6 +29,7 @@ pub use fencing::*;
 pub use liveness::*;
 pub use lost::*;
 pub use ownership::*;
+pub use process::*;
 pub use reentrancy::*;
 pub use waiting::*;
 

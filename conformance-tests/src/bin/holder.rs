@@ -1,0 +1,61 @@
+//! The cross-process holder: acquires a lock through a backend URL (the same URL a user would
+//! configure), then reports on stdout, one line each, so a test can pause or kill it:
+//!
+//! * `TOKEN <n>` (or `TOKEN none`) once the lock is held;
+//! * `LOST <reason>` when its lost signal fires;
+//! * `WRITE <n>` every 50 ms: the write it would make to the protected resource with its token.
+//!
+//! Usage: `distlock-holder <url> <lock name> <ttl ms>`.
+
+use std::io::Write;
+use std::time::Duration;
+
+use distlock::{AcquireOptions, LockClient};
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(url), Some(name), Some(ttl)) = (
+        args.get(1),
+        args.get(2),
+        args.get(3).and_then(|t| t.parse::<u64>().ok()),
+    ) else {
+        eprintln!("usage: distlock-holder <url> <lock name> <ttl ms>");
+        std::process::exit(2);
+    };
+    let backend = match distlock::connect(url).await {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let locks = LockClient::new(backend);
+    let opts = AcquireOptions::with_ttl(Duration::from_millis(ttl));
+    let lease = match locks.acquire(name, &opts, Duration::from_secs(30)).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let token = lease
+        .fencing_token()
+        .map_or("none".to_string(), |t| t.to_string());
+    say(&format!("TOKEN {token}"));
+    let lost = lease.lost_signal();
+    tokio::spawn(async move {
+        let reason = lost.wait().await;
+        say(&format!("LOST {reason}"));
+    });
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        say(&format!("WRITE {token}"));
+    }
+}

@@ -1,0 +1,85 @@
+//! Holders in another process: paused with SIGSTOP, or killed with SIGKILL.
+
+use std::time::Duration;
+
+use distlock_api::{Fence, FencingToken};
+use tokio::time::Instant;
+
+use super::{client, opts, unique};
+use crate::deployment::Deployment;
+use crate::harness::HolderProcess;
+
+fn start_holder(d: &dyn Deployment, name: &str) -> (HolderProcess, Option<FencingToken>) {
+    let url = d
+        .url()
+        .expect("gated on a deployment other processes can reach");
+    let holder = HolderProcess::start(&url, name, d.ttl()).unwrap_or_else(|e| panic!("{e}"));
+    let token = holder
+        .next_line("TOKEN ", Duration::from_secs(30))
+        .expect("the holder process never reported its token");
+    (holder, token.parse().ok().map(FencingToken))
+}
+
+/// A holder process paused (SIGSTOP) past its TTL: another client acquires with a higher token;
+/// the holder resumes, is told its lease is lost, and its write through the fence is refused
+/// while the new holder's write is accepted.
+pub async fn paused_holder_process_is_fenced_off(d: &dyn Deployment) {
+    let name = unique("sigstop");
+    let (holder, old) = tokio::task::block_in_place(|| start_holder(d, &name));
+    let old = old.expect("gated on fencing");
+    holder.pause();
+    let b = client(d).await;
+    let fresh = b
+        .acquire(&name, &opts(d), d.ttl() * 3 + d.expiry_slack())
+        .await
+        .expect("acquire while the holder is stopped");
+    let new = fresh.fencing_token().expect("token");
+    assert!(
+        new > old,
+        "new token {new} not above the paused holder's {old}"
+    );
+    let fence = Fence::new();
+    fence
+        .check(new)
+        .expect("the new holder's write is accepted");
+    holder.drain();
+    holder.resume();
+    let told = tokio::task::block_in_place(|| holder.next_line("LOST ", d.ttl() * 2));
+    assert!(
+        told.is_some(),
+        "the resumed holder was never told its lease is lost"
+    );
+    let write = tokio::task::block_in_place(|| holder.next_line("WRITE ", Duration::from_secs(5)))
+        .and_then(|t| t.parse().ok())
+        .map(FencingToken)
+        .expect("the resumed holder writes");
+    assert_eq!(write, old);
+    assert!(
+        fence.check(write).is_err(),
+        "the paused holder's stale write was accepted"
+    );
+    holder.kill();
+    assert!(fresh.release().await.expect("release"));
+}
+
+/// A holder process killed (SIGKILL) while holding: the lock is free within TTL + the backend's
+/// slack.
+pub async fn killed_holder_process_frees_the_lock(d: &dyn Deployment) {
+    let name = unique("sigkill");
+    let (holder, old) = tokio::task::block_in_place(|| start_holder(d, &name));
+    let killed = Instant::now();
+    holder.kill();
+    let b = client(d).await;
+    let limit = d.ttl() + d.expiry_slack() + Duration::from_secs(1);
+    let lease = b
+        .acquire(&name, &opts(d), limit * 2)
+        .await
+        .expect("acquire after the kill");
+    let took = killed.elapsed();
+    assert!(
+        took <= limit,
+        "freed {took:?} after the kill, limit {limit:?}"
+    );
+    assert!(lease.fencing_token() > old || old.is_none());
+    assert!(lease.release().await.expect("release"));
+}
