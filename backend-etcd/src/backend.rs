@@ -31,6 +31,9 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     wakeup: Wakeup::Watch,
 };
 
+/// Pause between tries of a request that met an unavailable member.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
 /// How many times cleanup of our own key is tried before the session TTL is left to do it.
 const CLEANUP_TRIES: u32 = 3;
 
@@ -114,17 +117,30 @@ impl EtcdBackend {
         etcd_error(&self.inner.endpoints, e)
     }
 
-    async fn call<T>(
-        &self,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        match timeout(self.inner.options.op_timeout, fut).await {
-            Ok(r) => r.map_err(|e| self.err(e)),
-            Err(_) => Err(LockError::backend(
-                self.inner.endpoints.clone(),
-                true,
-                format!("no answer within {:?}", self.inner.options.op_timeout),
-            )),
+    /// Runs `op` on a client, cut off after `op_timeout` in total. An `Unavailable` answer (a
+    /// member that is down or has no leader) is retried meanwhile, so a request that the client
+    /// routed to a dead member goes to a live one; every operation here is safe to repeat.
+    async fn call<T, F, Fut>(&self, mut op: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.inner.options.op_timeout;
+        loop {
+            match timeout_at(deadline, op(self.inner.client.clone())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if unavailable(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e)) => return Err(self.err(e)),
+                Err(_) => {
+                    return Err(LockError::backend(
+                        self.inner.endpoints.clone(),
+                        true,
+                        format!("no answer within {:?}", self.inner.options.op_timeout),
+                    ));
+                }
+            }
         }
     }
 
@@ -138,10 +154,7 @@ impl EtcdBackend {
             return Ok(s.clone());
         }
         let s = self
-            .call(Session::start(
-                self.inner.client.clone(),
-                self.inner.options.session_ttl_secs(),
-            ))
+            .call(|c| Session::start(c, self.inner.options.session_ttl_secs()))
             .await?;
         let mut all = self
             .inner
@@ -185,21 +198,45 @@ impl EtcdBackend {
                     secret.expose_hex(),
                     Some(PutOptions::new().with_lease(lease)),
                 ),
-                TxnOp::get(prefix, Some(first)),
-            ]);
-        let resp = self.call(self.inner.client.clone().txn(txn)).await?;
-        if !resp.succeeded() {
-            return Err(LockError::backend(
-                self.inner.endpoints.clone(),
-                false,
-                format!("attempt key {key} already existed"),
-            ));
-        }
-        let my_rev = resp.header().map(|h| h.revision()).unwrap_or_default();
-        let owner = resp.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
-            _ => None,
-        });
+                TxnOp::get(prefix, Some(first.clone())),
+            ])
+            // A retry whose first try was applied (reply lost) finds our own key here.
+            .or_else([TxnOp::get(key, None), TxnOp::get(prefix, Some(first))]);
+        let resp = self
+            .call(|mut c| {
+                let t = txn.clone();
+                async move { c.txn(t).await }
+            })
+            .await?;
+        let gets: Vec<Option<(i64, Vec<u8>)>> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(
+                    g.kvs()
+                        .first()
+                        .map(|kv| (kv.create_revision(), kv.value().to_vec())),
+                ),
+                _ => None,
+            })
+            .collect();
+        let (my_rev, owner) = if resp.succeeded() {
+            let my_rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+            (my_rev, gets.first().cloned().flatten().map(|(rev, _)| rev))
+        } else {
+            match gets.first().cloned().flatten() {
+                Some((rev, value)) if value == secret.expose_hex().as_bytes() => {
+                    (rev, gets.get(1).cloned().flatten().map(|(rev, _)| rev))
+                }
+                _ => {
+                    return Err(LockError::backend(
+                        self.inner.endpoints.clone(),
+                        false,
+                        format!("attempt key {key} exists and is not ours"),
+                    ));
+                }
+            }
+        };
         Ok((my_rev, owner == Some(my_rev)))
     }
 
@@ -221,7 +258,10 @@ impl EtcdBackend {
                 .with_limit(1)
                 .with_keys_only();
             let resp = self
-                .call(self.inner.client.clone().get(prefix, Some(before)))
+                .call(|mut c| {
+                    let b = before.clone();
+                    async move { c.get(prefix, Some(b)).await }
+                })
                 .await?;
             let Some(pred) = resp.kvs().first() else {
                 return Ok(());
@@ -231,12 +271,13 @@ impl EtcdBackend {
             // From the revision just read + 1: no missed deletion, and the watcher is synced at
             // once (a watch behind the current revision is served late by etcd).
             let mut watch = self
-                .call(
-                    self.inner
-                        .client
-                        .clone()
-                        .watch(pred, Some(WatchOptions::new().with_start_revision(rev + 1))),
-                )
+                .call(|mut c| {
+                    let (k, o) = (
+                        pred.clone(),
+                        WatchOptions::new().with_start_revision(rev + 1),
+                    );
+                    async move { c.watch(k, Some(o)).await }
+                })
                 .await?;
             loop {
                 tokio::select! {
@@ -262,7 +303,9 @@ impl EtcdBackend {
     /// Our key still exists with our revision, and the session is alive (etcd #11456: never
     /// return a lock whose waiter's lease died while it waited).
     async fn still_ours(&self, key: &str, rev: i64, session: &Session) -> Result<bool> {
-        let resp = self.call(self.inner.client.clone().get(key, None)).await?;
+        let resp = self
+            .call(|mut c| async move { c.get(key, None).await })
+            .await?;
         Ok(!session.is_lost()
             && resp
                 .kvs()
@@ -347,7 +390,7 @@ impl QueuedKey {
 async fn delete_with_retries(backend: &EtcdBackend, key: &str) {
     for attempt in 0..CLEANUP_TRIES {
         if backend
-            .call(backend.inner.client.clone().delete(key, None))
+            .call(|mut c| async move { c.delete(key, None).await })
             .await
             .is_ok()
         {
@@ -369,6 +412,16 @@ impl Drop for QueuedKey {
         };
         let backend = self.backend.clone();
         rt.spawn(async move { delete_with_retries(&backend, &key).await });
+    }
+}
+
+/// A member is down or has no leader: another member may answer.
+fn unavailable(e: &etcd_client::Error) -> bool {
+    match e {
+        // gRPC UNAVAILABLE (14).
+        etcd_client::Error::GRpcStatus(s) => s.code() as i32 == 14,
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
     }
 }
 
@@ -416,10 +469,9 @@ impl LockBackend for EtcdBackend {
             return Ok(Renewal::NotHeld);
         };
         let deadline = Instant::now() + self.inner.options.op_timeout;
-        let mut client = self.inner.client.clone();
         let (alive, resp) = tokio::join!(
             timeout_at(deadline, session.refresh()),
-            self.call(client.get(key.resource.as_str(), None))
+            self.call(|mut c| async move { c.get(key.resource.as_str(), None).await })
         );
         let alive = alive
             .map_err(|_| {
@@ -449,7 +501,10 @@ impl LockBackend for EtcdBackend {
             )])
             .and_then([TxnOp::delete(key.resource.as_str(), None)]);
         Ok(self
-            .call(self.inner.client.clone().txn(txn))
+            .call(|mut c| {
+                let t = txn.clone();
+                async move { c.txn(t).await }
+            })
             .await?
             .succeeded())
     }

@@ -282,11 +282,26 @@ impl ZkBackend {
         let dir = self.lock_dir(name);
         let secret = OwnerSecret::random()?;
         let sent = Instant::now();
-        let (path, stat) = self.create_node(&epoch, &dir, &secret).await?;
+        // Armed before the create is sent: if this future is dropped mid-create, the cleanup
+        // finds the node by its protected prefix (requests of one session run in order, so the
+        // lookup sees a create sent before it).
         let mut queued = QueuedNode {
             backend: self.clone(),
-            path: Some(path.clone()),
+            epoch: epoch.clone(),
+            dir: dir.clone(),
+            secret: secret.clone(),
+            path: None,
+            armed: true,
         };
+        let created = self.create_node(&epoch, &dir, &secret).await;
+        let (path, stat) = match created {
+            Ok(c) => c,
+            Err(e) => {
+                queued.remove().await;
+                return Err(e);
+            }
+        };
+        queued.path = Some(path.clone());
         let outcome = self.wait_turn(&epoch, &dir, &path, deadline).await;
         let outcome = match outcome {
             Ok(()) => Ok(()),
@@ -303,7 +318,7 @@ impl ZkBackend {
             queued.remove().await;
             return Err(e);
         }
-        queued.path = None;
+        queued.armed = false;
         Ok(Grant {
             key: GrantKey {
                 name: name.clone(),
@@ -383,46 +398,83 @@ fn is_local_timeout(e: &LockError) -> bool {
 }
 
 /// Our queue node while we do not hold the lock: deleted inline on busy / timeout / error, and
-/// in the background (retried, bounded) if the acquire future is dropped; the session is the
-/// fallback.
+/// in the background (retried, bounded) if the acquire future is dropped, even mid-create; the
+/// session is the fallback.
 struct QueuedNode {
     backend: ZkBackend,
+    epoch: Arc<Epoch>,
+    dir: String,
+    secret: OwnerSecret,
     path: Option<String>,
+    armed: bool,
 }
 
 impl QueuedNode {
     async fn remove(mut self) {
-        if let Some(path) = self.path.take() {
-            delete_with_retries(&self.backend, &path).await;
-        }
+        self.armed = false;
+        cleanup(
+            &self.backend,
+            &self.epoch,
+            &self.dir,
+            &self.secret,
+            self.path.take(),
+        )
+        .await;
     }
 }
 
-async fn delete_with_retries(backend: &ZkBackend, path: &str) {
+/// Deletes our node: `path` if the create returned, else whatever our session created with our
+/// protected prefix.
+async fn cleanup(
+    backend: &ZkBackend,
+    epoch: &Epoch,
+    dir: &str,
+    secret: &OwnerSecret,
+    path: Option<String>,
+) {
     for attempt in 0..CLEANUP_TRIES {
-        let Ok(client) = backend.client().await else {
-            continue;
+        let target = match &path {
+            Some(p) => Ok(Some(p.clone())),
+            None => backend
+                .find_own_node(epoch, dir, secret)
+                .await
+                .map(|f| f.map(|(p, _)| p)),
         };
-        match backend.call(client.delete(path, None)).await {
-            Ok(()) => return,
-            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return,
-            Err(_) => tokio::time::sleep(Duration::from_millis(100 << attempt)).await,
+        let done = match target {
+            Ok(None) => true,
+            Ok(Some(p)) => match backend.call(epoch.client.delete(&p, None)).await {
+                Ok(()) => true,
+                Err(e) => is_zk(&e, |z| matches!(z, ZkError::NoNode)),
+            },
+            Err(_) => false,
+        };
+        if done {
+            return;
         }
+        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
     }
     tracing::warn!(
-        path,
+        dir,
         "distlock zookeeper: could not delete a queue node; the session will"
     );
 }
 
 impl Drop for QueuedNode {
     fn drop(&mut self) {
-        let Some(path) = self.path.take() else { return };
+        if !self.armed {
+            return;
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let backend = self.backend.clone();
-        rt.spawn(async move { delete_with_retries(&backend, &path).await });
+        let (backend, epoch, dir, secret, path) = (
+            self.backend.clone(),
+            self.epoch.clone(),
+            self.dir.clone(),
+            self.secret.clone(),
+            self.path.take(),
+        );
+        rt.spawn(async move { cleanup(&backend, &epoch, &dir, &secret, path).await });
     }
 }
 

@@ -6,4 +6,6 @@ use distlock_conformance::deployments;
 conformance_tests!(memory, deployments::memory::FACTORY);
 conformance_tests!(redis, deployments::redis::FACTORY);
 conformance_tests!(etcd, deployments::etcd::FACTORY);
+conformance_tests!(etcd3, deployments::etcd::CLUSTER_FACTORY);
 conformance_tests!(zk, deployments::zk::FACTORY);
+conformance_tests!(zk3, deployments::zk::ENSEMBLE_FACTORY);

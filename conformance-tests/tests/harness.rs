@@ -132,6 +132,24 @@ fn proxy_passes_delays_blackholes_and_resets() {
         "a blackholed request was answered"
     );
 
+    // Requests still reach the server; only the replies are lost.
+    proxy.set_mode(ProxyMode::DropReplies);
+    let mut s = TcpStream::connect(proxy.addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    s.write_all(b"SET dropped-reply 1\r\n").expect("write");
+    let mut buf = [0u8; 16];
+    assert!(s.read(&mut buf).is_err(), "a reply got through");
+    let mut direct = TcpStream::connect(("127.0.0.1", server.port())).expect("direct");
+    direct
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    direct
+        .write_all(b"EXISTS dropped-reply\r\n")
+        .expect("write");
+    let n = direct.read(&mut buf).expect("read");
+    assert_eq!(&buf[..n], b":1\r\n", "the request did not reach the server");
+
     proxy.set_mode(ProxyMode::Pass);
     let mut s = TcpStream::connect(proxy.addr()).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(2)))

@@ -1,5 +1,6 @@
-//! etcd: one single-member cluster shared by the scenarios, a member of its own for the scenario
-//! that kills it. Cut clients go through a [`Proxy`].
+//! etcd: a single member ([`FACTORY`]) or a 3-member cluster ([`CLUSTER_FACTORY`]), shared by
+//! the scenarios, and a deployment of its own for the scenario that kills servers. Cut clients go
+//! through a [`Proxy`] per member.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -13,17 +14,26 @@ use crate::Factory;
 use crate::deployment::{Cut, Deployment, ServerFaults};
 use crate::harness::{EtcdCluster, Proxy, ProxyMode};
 
-/// The etcd backend's factory.
+/// The etcd backend on a single member.
 pub const FACTORY: Factory = Factory {
     label: "etcd",
     capabilities: || distlock_etcd::CAPABILITIES.clone(),
-    shared: || Box::pin(deploy(true)),
-    isolated: Some(|| Box::pin(deploy(false))),
+    shared: || Box::pin(async { deploy("etcd", 1, true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| Box::pin(async { deploy("etcd", 1, false).await as Arc<dyn Deployment> })),
+};
+
+/// The etcd backend on a 3-member cluster.
+pub const CLUSTER_FACTORY: Factory = Factory {
+    label: "etcd3",
+    capabilities: || distlock_etcd::CAPABILITIES.clone(),
+    shared: || Box::pin(async { deploy("etcd3", 3, true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| Box::pin(async { deploy("etcd3", 3, false).await as Arc<dyn Deployment> })),
 };
 
 const TTL: Duration = Duration::from_secs(2);
 
-fn options() -> EtcdOptions {
+/// The options every client of the suite uses.
+pub fn options() -> EtcdOptions {
     EtcdOptions {
         prefix: "distlock-test".into(),
         session_ttl: TTL,
@@ -33,14 +43,16 @@ fn options() -> EtcdOptions {
     }
 }
 
-async fn deploy(shared: bool) -> Arc<dyn Deployment> {
-    static SHARED: OnceLock<Arc<EtcdCluster>> = OnceLock::new();
+/// A deployment of `members` servers: the shared one of that size, or a new one.
+pub async fn deploy(label: &'static str, members: usize, shared: bool) -> Arc<EtcdDeployment> {
+    static SINGLE: OnceLock<Arc<EtcdCluster>> = OnceLock::new();
+    static TRIPLE: OnceLock<Arc<EtcdCluster>> = OnceLock::new();
     let cluster = tokio::task::spawn_blocking(move || {
-        let start = || Arc::new(EtcdCluster::start(1).unwrap_or_else(|e| panic!("{e}")));
-        if shared {
-            SHARED.get_or_init(start).clone()
-        } else {
-            start()
+        let start = || Arc::new(EtcdCluster::start(members).unwrap_or_else(|e| panic!("{e}")));
+        match (shared, members) {
+            (true, 1) => SINGLE.get_or_init(start).clone(),
+            (true, _) => TRIPLE.get_or_init(start).clone(),
+            (false, _) => start(),
         }
     })
     .await
@@ -49,6 +61,7 @@ async fn deploy(shared: bool) -> Arc<dyn Deployment> {
         .await
         .expect("admin client");
     Arc::new(EtcdDeployment {
+        label,
         cluster,
         admin,
         owns_cluster: !shared,
@@ -57,7 +70,9 @@ async fn deploy(shared: bool) -> Arc<dyn Deployment> {
 
 /// An etcd deployment: the cluster and an admin client that counts keys.
 pub struct EtcdDeployment {
-    cluster: Arc<EtcdCluster>,
+    label: &'static str,
+    /// The servers, for fault tests.
+    pub cluster: Arc<EtcdCluster>,
     admin: etcd_client::Client,
     owns_cluster: bool,
 }
@@ -89,7 +104,7 @@ impl ServerFaults for EtcdDeployment {
 #[async_trait]
 impl Deployment for EtcdDeployment {
     fn label(&self) -> &'static str {
-        "etcd"
+        self.label
     }
 
     fn capabilities(&self) -> Capabilities {

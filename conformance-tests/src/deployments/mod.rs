@@ -9,5 +9,12 @@ use crate::Factory;
 
 /// Every backend present in the workspace, in matrix column order.
 pub fn all() -> Vec<Factory> {
-    vec![memory::FACTORY, redis::FACTORY, etcd::FACTORY, zk::FACTORY]
+    vec![
+        memory::FACTORY,
+        redis::FACTORY,
+        etcd::FACTORY,
+        etcd::CLUSTER_FACTORY,
+        zk::FACTORY,
+        zk::ENSEMBLE_FACTORY,
+    ]
 }

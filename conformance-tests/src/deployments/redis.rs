@@ -16,8 +16,8 @@ use crate::harness::{Proxy, ProxyMode, RedisServer};
 pub const FACTORY: Factory = Factory {
     label: "redis",
     capabilities,
-    shared: || Box::pin(deploy(true)),
-    isolated: Some(|| Box::pin(deploy(false))),
+    shared: || Box::pin(async { deploy(true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| Box::pin(async { deploy(false).await as Arc<dyn Deployment> })),
 };
 
 fn capabilities() -> Capabilities {
@@ -33,7 +33,7 @@ fn options() -> RedisOptions {
     }
 }
 
-async fn deploy(shared: bool) -> Arc<dyn Deployment> {
+async fn deploy(shared: bool) -> Arc<RedisDeployment> {
     static SHARED: OnceLock<Arc<RedisServer>> = OnceLock::new();
     let server = tokio::task::spawn_blocking(move || {
         let start = || Arc::new(RedisServer::start().unwrap_or_else(|e| panic!("{e}")));

@@ -1,5 +1,6 @@
-//! ZooKeeper: one standalone server shared by the scenarios, a server of its own for the
-//! scenario that kills it. Cut clients go through a [`Proxy`].
+//! ZooKeeper: a standalone server ([`FACTORY`]) or a 3-node ensemble ([`ENSEMBLE_FACTORY`]),
+//! shared by the scenarios, and a deployment of its own for the scenario that kills servers. Cut
+//! clients go through a [`Proxy`] per node.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -12,17 +13,26 @@ use crate::Factory;
 use crate::deployment::{Cut, Deployment, ServerFaults};
 use crate::harness::{Proxy, ProxyMode, ZkEnsemble};
 
-/// The ZooKeeper backend's factory.
+/// The ZooKeeper backend on a standalone server.
 pub const FACTORY: Factory = Factory {
     label: "zk",
     capabilities: || distlock_zk::CAPABILITIES.clone(),
-    shared: || Box::pin(deploy(true)),
-    isolated: Some(|| Box::pin(deploy(false))),
+    shared: || Box::pin(async { deploy("zk", 1, true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| Box::pin(async { deploy("zk", 1, false).await as Arc<dyn Deployment> })),
+};
+
+/// The ZooKeeper backend on a 3-node ensemble.
+pub const ENSEMBLE_FACTORY: Factory = Factory {
+    label: "zk3",
+    capabilities: || distlock_zk::CAPABILITIES.clone(),
+    shared: || Box::pin(async { deploy("zk3", 3, true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| Box::pin(async { deploy("zk3", 3, false).await as Arc<dyn Deployment> })),
 };
 
 const TTL: Duration = Duration::from_secs(2);
 
-fn options() -> ZkOptions {
+/// The options every client of the suite uses.
+pub fn options() -> ZkOptions {
     ZkOptions {
         root: "/distlock-test".into(),
         session_timeout: TTL,
@@ -32,14 +42,16 @@ fn options() -> ZkOptions {
     }
 }
 
-async fn deploy(shared: bool) -> Arc<dyn Deployment> {
-    static SHARED: OnceLock<Arc<ZkEnsemble>> = OnceLock::new();
+/// A deployment of `nodes` servers: the shared one of that size, or a new one.
+pub async fn deploy(label: &'static str, nodes: usize, shared: bool) -> Arc<ZkDeployment> {
+    static SINGLE: OnceLock<Arc<ZkEnsemble>> = OnceLock::new();
+    static TRIPLE: OnceLock<Arc<ZkEnsemble>> = OnceLock::new();
     let ensemble = tokio::task::spawn_blocking(move || {
-        let start = || Arc::new(ZkEnsemble::start(1).unwrap_or_else(|e| panic!("{e}")));
-        if shared {
-            SHARED.get_or_init(start).clone()
-        } else {
-            start()
+        let start = || Arc::new(ZkEnsemble::start(nodes).unwrap_or_else(|e| panic!("{e}")));
+        match (shared, nodes) {
+            (true, 1) => SINGLE.get_or_init(start).clone(),
+            (true, _) => TRIPLE.get_or_init(start).clone(),
+            (false, _) => start(),
         }
     })
     .await
@@ -50,6 +62,7 @@ async fn deploy(shared: bool) -> Arc<dyn Deployment> {
         .await
         .expect("admin client");
     Arc::new(ZkDeployment {
+        label,
         ensemble,
         admin,
         owns_ensemble: !shared,
@@ -58,8 +71,11 @@ async fn deploy(shared: bool) -> Arc<dyn Deployment> {
 
 /// A ZooKeeper deployment: the ensemble and an admin client that lists queue nodes.
 pub struct ZkDeployment {
-    ensemble: Arc<ZkEnsemble>,
-    admin: zookeeper_client::Client,
+    label: &'static str,
+    /// The servers, for fault tests.
+    pub ensemble: Arc<ZkEnsemble>,
+    /// A client of its own, for reading what the backend left.
+    pub admin: zookeeper_client::Client,
     owns_ensemble: bool,
 }
 
@@ -90,7 +106,7 @@ impl ServerFaults for ZkDeployment {
 #[async_trait]
 impl Deployment for ZkDeployment {
     fn label(&self) -> &'static str {
-        "zk"
+        self.label
     }
 
     fn capabilities(&self) -> Capabilities {

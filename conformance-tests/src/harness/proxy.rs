@@ -19,6 +19,8 @@ pub enum ProxyMode {
     Delay(Duration),
     /// Read and drop everything, both ways; connections stay open (a silent partition).
     Blackhole,
+    /// Forward requests, drop replies: the server acts, the client never hears (a lost reply).
+    DropReplies,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -105,8 +107,8 @@ async fn accept_loop(
             let (sr, sw) = server.into_split();
             let mut reset = control.clone();
             tokio::select! {
-                _ = pump(cr, sw, control.clone()) => {}
-                _ = pump(sr, cw, control.clone()) => {}
+                _ = pump(cr, sw, control.clone(), false) => {}
+                _ = pump(sr, cw, control.clone(), true) => {}
                 _ = reset.wait_for(|c| c.generation != generation) => {}
             }
             // Halves are dropped here; SO_LINGER 0 is not reachable on split halves, so the
@@ -115,10 +117,12 @@ async fn accept_loop(
     }
 }
 
+/// Copies one direction; `replies` is the server-to-client direction.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     control: watch::Receiver<Control>,
+    replies: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -131,6 +135,8 @@ async fn pump(
             ProxyMode::Pass => {}
             ProxyMode::Delay(d) => tokio::time::sleep(d).await,
             ProxyMode::Blackhole => continue,
+            ProxyMode::DropReplies if replies => continue,
+            ProxyMode::DropReplies => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

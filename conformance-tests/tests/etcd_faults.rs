@@ -1,0 +1,230 @@
+//! etcd on a 3-member cluster under faults (issue 6).
+
+use std::time::Duration;
+
+use distlock::{AcquireOptions, LockClient, LockError, LockName};
+use distlock_conformance::Deployment;
+use distlock_conformance::deployments::etcd::{deploy, options};
+use distlock_conformance::harness::{Proxy, ProxyMode};
+use distlock_etcd::{EtcdBackend, EtcdOptions, TxnOp};
+use etcd_client::GetOptions;
+use tokio::time::{Instant, sleep};
+
+fn opts(ttl: Duration) -> AcquireOptions {
+    AcquireOptions::with_ttl(ttl)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_a_lock_is_held() {
+    let d = deploy("etcd3", 3, false).await;
+    // A session TTL well above an election (about 1.5 s here), as in production.
+    let o = EtcdOptions {
+        session_ttl: Duration::from_secs(5),
+        ..options()
+    };
+    let connect = || async {
+        EtcdBackend::connect(&d.cluster.endpoints(), o.clone())
+            .await
+            .expect("connect")
+    };
+    let (a, b) = (
+        LockClient::new(std::sync::Arc::new(connect().await)),
+        LockClient::new(std::sync::Arc::new(connect().await)),
+    );
+    let held = a
+        .try_acquire("leader-kill", &opts(Duration::from_secs(5)))
+        .await
+        .expect("acquire");
+    let leader = d.cluster.leader().expect("a leader");
+    d.cluster.members[leader].kill();
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut new_leader = None;
+    while new_leader.is_none() && Instant::now() < until {
+        sleep(Duration::from_millis(100)).await;
+        new_leader = d.cluster.leader();
+    }
+    assert!(new_leader.is_some_and(|l| l != leader), "no new leader");
+    // The lock survives the election: still ours, still refused to others, for a while.
+    for _ in 0..10 {
+        assert!(
+            held.lost_reason().is_none(),
+            "lost across the election: {:?}",
+            held.lost_reason()
+        );
+        match b
+            .try_acquire("leader-kill", &opts(Duration::from_secs(5)))
+            .await
+        {
+            Err(LockError::Busy { .. }) => {}
+            Err(e) if e.is_retryable() => {}
+            other => panic!("a competitor got {other:?} while the lock was held"),
+        }
+        sleep(Duration::from_millis(300)).await;
+    }
+    let old = held.fencing_token();
+    assert!(held.release().await.expect("release"));
+    let next = b
+        .acquire(
+            "leader-kill",
+            &opts(Duration::from_secs(5)),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("service resumes");
+    assert!(
+        next.fencing_token() > old,
+        "tokens went backwards across the election"
+    );
+    assert!(next.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_loses_to_a_higher_token_and_its_guarded_txn_fails() {
+    let d = deploy("etcd3", 3, false).await;
+    let proxies: Vec<Proxy> = d
+        .cluster
+        .client_ports
+        .iter()
+        .map(|&p| Proxy::start(([127, 0, 0, 1], p).into()).expect("proxy"))
+        .collect();
+    let through: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let paused = EtcdBackend::connect(&through, options())
+        .await
+        .expect("connect");
+    let fresh = EtcdBackend::connect(&d.cluster.endpoints(), options())
+        .await
+        .expect("connect");
+    let a = LockClient::new(std::sync::Arc::new(paused.clone()));
+    let b = LockClient::new(std::sync::Arc::new(fresh.clone()));
+    let ttl = d.ttl();
+    let old = a.try_acquire("guarded", &opts(ttl)).await.expect("acquire");
+    proxies
+        .iter()
+        .for_each(|p| p.set_mode(ProxyMode::Blackhole));
+    let new = b
+        .acquire("guarded", &opts(ttl), ttl * 4)
+        .await
+        .expect("acquire after the pause");
+    assert!(new.fencing_token() > old.fencing_token());
+    proxies.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
+    let stale = loop {
+        match paused
+            .guarded_txn(
+                &old,
+                vec![TxnOp::put("guarded/resource", "old holder", None)],
+            )
+            .await
+        {
+            Err(e) if e.is_retryable() => sleep(Duration::from_millis(200)).await,
+            other => break other.expect("guarded txn"),
+        }
+    };
+    assert!(!stale, "the paused holder's guarded txn went through");
+    assert!(
+        fresh
+            .guarded_txn(
+                &new,
+                vec![TxnOp::put("guarded/resource", "new holder", None)]
+            )
+            .await
+            .expect("txn")
+    );
+    let value = fresh
+        .client()
+        .get("guarded/resource", None)
+        .await
+        .expect("get");
+    assert_eq!(value.kvs()[0].value(), b"new holder");
+    assert!(
+        old.lost_reason().is_some(),
+        "the paused holder was never told"
+    );
+    assert!(new.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_while_waiting_leaves_no_stale_key() {
+    let d = deploy("etcd3", 3, false).await;
+    let ttl = d.ttl();
+    let holder = LockClient::new(d.client().await);
+    let (waiter, quitter) = (
+        LockClient::new(d.client().await),
+        LockClient::new(d.client().await),
+    );
+    let held = holder
+        .try_acquire("compact", &opts(ttl))
+        .await
+        .expect("acquire");
+    let w = tokio::spawn(async move {
+        waiter
+            .acquire("compact", &opts(ttl), Duration::from_secs(30))
+            .await
+    });
+    let q = tokio::spawn(async move {
+        quitter
+            .acquire("compact", &opts(ttl), Duration::from_secs(3))
+            .await
+    });
+    sleep(Duration::from_millis(500)).await;
+    // Move the revision on, then compact everything the waiters' watches started from.
+    let mut admin = fresh_admin(&d.cluster.endpoints()).await;
+    for i in 0..20 {
+        admin
+            .put(format!("compact/noise/{i}"), "x", None)
+            .await
+            .expect("put");
+    }
+    let rev = admin
+        .get("compact/noise/0", None)
+        .await
+        .expect("get")
+        .header()
+        .expect("header")
+        .revision();
+    admin.compact(rev, None).await.expect("compact");
+    assert!(
+        matches!(q.await.expect("task"), Err(LockError::Timeout { .. })),
+        "the short waiter should time out"
+    );
+    assert!(held.release().await.expect("release"));
+    let got = w
+        .await
+        .expect("task")
+        .expect("the waiter is granted after the compaction");
+    assert!(got.release().await.expect("release"));
+    let name = LockName::new("compact").expect("valid");
+    assert_eq!(d.artifacts(&name).await, 0, "a stale key was left behind");
+    let leftovers = admin
+        .get(
+            distlock_etcd::keys::name_prefix(&options().prefix, &name),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("get");
+    assert!(leftovers.kvs().is_empty());
+}
+
+async fn fresh_admin(endpoints: &[String]) -> etcd_client::Client {
+    etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("admin")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_after_session_loss_reports_not_held() {
+    let d = deploy("etcd3", 3, false).await;
+    let (backend, cut) = d.cuttable_client().await;
+    let name = LockName::new("renew-after-loss").expect("valid");
+    let grant = backend.try_acquire(&name, d.ttl()).await.expect("acquire");
+    cut.cut();
+    sleep(d.ttl() * 2).await;
+    cut.restore();
+    let renewal = loop {
+        match backend.renew(&grant.key, d.ttl()).await {
+            Err(e) if e.is_retryable() => sleep(Duration::from_millis(200)).await,
+            other => break other.expect("renew"),
+        }
+    };
+    assert_eq!(renewal, distlock::Renewal::NotHeld);
+    assert_eq!(d.artifacts(&name).await, 0);
+}

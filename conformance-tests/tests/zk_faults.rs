@@ -1,0 +1,197 @@
+//! ZooKeeper on a 3-node ensemble under faults (issue 7).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{AcquireOptions, LockBackend, LockClient, LockError, LockName};
+use distlock_conformance::Deployment;
+use distlock_conformance::deployments::zk::{deploy, options};
+use distlock_conformance::harness::{Proxy, ProxyMode};
+use distlock_zk::{OnDisconnect, ZkBackend, ZkOptions};
+use tokio::time::{Instant, sleep};
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::with_ttl(Duration::from_secs(4))
+}
+
+fn proxies(ports: &[u16]) -> Vec<Proxy> {
+    ports
+        .iter()
+        .map(|&p| Proxy::start(([127, 0, 0, 1], p).into()).expect("proxy"))
+        .collect()
+}
+
+fn connect_string(proxies: &[Proxy]) -> String {
+    proxies
+        .iter()
+        .map(|p| p.addr().to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_a_lock_is_held() {
+    let d = deploy("zk3", 3, false).await;
+    // Waiting for the same session to come back (capped at the session timeout) rides out a
+    // leader election, which takes well under a second here.
+    let o = ZkOptions {
+        session_timeout: Duration::from_secs(4),
+        on_disconnect: OnDisconnect::WaitUpTo(Duration::from_secs(4)),
+        ..options()
+    };
+    let a = LockClient::new(Arc::new(
+        ZkBackend::connect(&d.ensemble.connect_string(), o.clone())
+            .await
+            .expect("connect"),
+    ));
+    let b = LockClient::new(Arc::new(
+        ZkBackend::connect(&d.ensemble.connect_string(), o)
+            .await
+            .expect("connect"),
+    ));
+    let held = a
+        .try_acquire("leader-kill", &opts())
+        .await
+        .expect("acquire");
+    let leader = d.ensemble.leader().expect("a leader");
+    d.ensemble.nodes[leader].kill();
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        if d.ensemble.leader().is_some_and(|l| l != leader) {
+            break;
+        }
+        assert!(Instant::now() < until, "no new leader");
+        sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..10 {
+        assert!(
+            held.lost_reason().is_none(),
+            "lost across the election: {:?}",
+            held.lost_reason()
+        );
+        match b.try_acquire("leader-kill", &opts()).await {
+            Err(LockError::Busy { .. }) => {}
+            Err(e) if e.is_retryable() => {}
+            other => panic!("a competitor got {other:?} while the lock was held"),
+        }
+        sleep(Duration::from_millis(300)).await;
+    }
+    let old = held.fencing_token();
+    assert!(held.release().await.expect("release"));
+    let next = b
+        .acquire("leader-kill", &opts(), Duration::from_secs(10))
+        .await
+        .expect("service resumes");
+    assert!(
+        next.fencing_token() > old,
+        "czxid tokens went backwards across the election"
+    );
+    assert!(next.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_loses_to_a_higher_czxid_and_its_guarded_write_is_refused() {
+    let d = deploy("zk3", 3, false).await;
+    let p = proxies(&d.ensemble.client_ports);
+    let paused = ZkBackend::connect(&connect_string(&p), options())
+        .await
+        .expect("connect");
+    let fresh = ZkBackend::connect(&d.ensemble.connect_string(), options())
+        .await
+        .expect("connect");
+    let data = "/guarded-data";
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    d.admin
+        .create(data, b"none", &open)
+        .await
+        .expect("data node");
+    let ttl = d.ttl();
+    let old = LockClient::new(Arc::new(paused.clone()))
+        .try_acquire("guarded", &AcquireOptions::with_ttl(ttl))
+        .await
+        .expect("acquire");
+    p.iter().for_each(|x| x.set_mode(ProxyMode::Blackhole));
+    let new = LockClient::new(Arc::new(fresh.clone()))
+        .acquire("guarded", &AcquireOptions::with_ttl(ttl), ttl * 4)
+        .await
+        .expect("acquire after the pause");
+    assert!(new.fencing_token() > old.fencing_token());
+    p.iter().for_each(|x| x.set_mode(ProxyMode::Pass));
+    let stale = loop {
+        match paused
+            .guarded_set_data(&old, data, b"old holder", None)
+            .await
+        {
+            Err(e) if e.is_retryable() => sleep(Duration::from_millis(200)).await,
+            other => break other.expect("guarded write"),
+        }
+    };
+    assert!(!stale, "the paused holder's guarded write went through");
+    assert!(
+        fresh
+            .guarded_set_data(&new, data, b"new holder", None)
+            .await
+            .expect("write")
+    );
+    assert_eq!(d.admin.get_data(data).await.expect("read").0, b"new holder");
+    assert!(
+        old.lost_reason().is_some(),
+        "the paused holder was never told"
+    );
+    assert!(new.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_loss_right_after_create_leaves_no_orphan() {
+    let d = deploy("zk3", 3, false).await;
+    let p = proxies(&d.ensemble.client_ports);
+    let client = ZkBackend::connect(&connect_string(&p), options())
+        .await
+        .expect("connect");
+    let name = LockName::new("lost-create-reply").expect("valid");
+    // The queue directory exists beforehand, so the create itself is what loses its reply.
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let root = options().root;
+    d.admin.create(&root, &[], &open).await.expect("root");
+    d.admin
+        .create(&distlock_zk::paths::lock_dir(&root, &name), &[], &open)
+        .await
+        .expect("dir");
+    p.iter().for_each(|x| x.set_mode(ProxyMode::DropReplies));
+    let c = client.clone();
+    let n = name.clone();
+    let attempt = tokio::spawn(async move { c.try_acquire(&n, Duration::from_secs(2)).await });
+    // The create reaches the ensemble; its reply does not reach us.
+    let mut created = false;
+    for _ in 0..100 {
+        if d.artifacts(&name).await > 0 {
+            created = true;
+            break;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert!(created, "the create never reached the server");
+    p.iter().for_each(|x| {
+        x.reset();
+        x.set_mode(ProxyMode::Pass);
+    });
+    let outcome = attempt.await.expect("task");
+    if let Ok(grant) = &outcome {
+        assert_eq!(
+            d.artifacts(&name).await,
+            1,
+            "a second node was created instead of finding ours"
+        );
+        assert!(client.release(&grant.key).await.expect("release"));
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while d.artifacts(&name).await > 0 {
+        assert!(
+            Instant::now() < until,
+            "an orphan node was left behind (acquire: {outcome:?})"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
