@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::config::RedisOptions;
 use crate::keys::{LockKeys, lock_keys};
-use crate::notify::Notifier;
+use crate::notify::{Notifier, Subscription};
 use crate::scripts;
 
 /// What the Redis backend declares: efficiency grade, per-name fencing that holds while the
@@ -55,8 +55,11 @@ impl std::fmt::Debug for RedisBackend {
     }
 }
 
-enum Attempt {
+/// The outcome of one acquire script call.
+pub(crate) enum Attempt {
+    /// Granted, with this node's counter value.
     Granted(u64),
+    /// Held by another owner, who has this much TTL left.
     Busy { pttl_ms: i64 },
 }
 
@@ -105,6 +108,12 @@ impl RedisBackend {
         })
     }
 
+    /// Joins the release notifications of `keys`' lock (shared per client).
+    pub(crate) async fn subscribe_releases(&self, keys: &LockKeys) -> Result<Subscription> {
+        self.with_timeout(self.notifier.subscribe(&keys.channel, &self.conn))
+            .await
+    }
+
     /// The keys of `name` under this client's prefix (see [`crate::keys`]).
     pub fn keys(&self, name: &LockName) -> LockKeys {
         lock_keys(&self.options.prefix, name)
@@ -129,7 +138,7 @@ impl RedisBackend {
     /// outcome over a oneshot. Whoever finds a grant nobody will read releases it: the task when
     /// the caller is already gone, the caller's [`AttemptReply`] guard when the reply arrived but
     /// was never read. A failed call (possibly a lost reply after a grant) is cleared too.
-    async fn attempt(
+    pub(crate) async fn attempt(
         &self,
         keys: &LockKeys,
         secret: &OwnerSecret,
@@ -177,7 +186,7 @@ impl RedisBackend {
         }
     }
 
-    async fn release_keys(&self, keys: &LockKeys, secret: &OwnerSecret) -> Result<bool> {
+    pub(crate) async fn release_keys(&self, keys: &LockKeys, secret: &OwnerSecret) -> Result<bool> {
         let mut conn = self.conn.clone();
         let n: i64 = self
             .with_timeout(
@@ -286,9 +295,7 @@ impl LockBackend for RedisBackend {
         let secret = OwnerSecret::random()?;
         let started = Instant::now();
         // Subscribe before the first try, so a release between the try and the wait is seen.
-        let mut released = self
-            .with_timeout(self.notifier.subscribe(&keys.channel, &self.conn))
-            .await?;
+        let mut released = self.subscribe_releases(&keys).await?;
         loop {
             let sent = Instant::now();
             let pttl_ms = match self.attempt(&keys, &secret, ttl).await? {

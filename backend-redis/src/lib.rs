@@ -21,6 +21,10 @@
 //! data, tokens strictly increase per name. For money, use etcd or ZooKeeper; asking this backend
 //! for `Correctness` is refused with `LockError::Unsupported`.
 //!
+//! # Redlock
+//! [`RedlockBackend`] runs the Redlock algorithm over N independent masters with the same
+//! scripts; see [`redlock`] for its arithmetic and its hazards.
+//!
 //! # Not yet here
 //! Redis Cluster and Sentinel deployments, `WAIT` for replica acknowledgement, batched watchdog
 //! renewals, server-side re-entrancy and `DELEX IFEQ` on Redis 8.4+ are tracked in issue 4;
@@ -31,7 +35,9 @@ mod backend;
 mod config;
 pub mod keys;
 mod notify;
+pub mod redlock;
 pub mod scripts;
 
 pub use backend::{CAPABILITIES, RedisBackend};
-pub use config::RedisOptions;
+pub use config::{RedisOptions, RedlockOptions};
+pub use redlock::{REDLOCK_CAPABILITIES, RedlockBackend};

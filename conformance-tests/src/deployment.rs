@@ -51,6 +51,11 @@ pub trait Deployment: Send + Sync {
     /// How long after the TTL the server may take to free a dead holder's lock.
     fn expiry_slack(&self) -> Duration;
 
+    /// Tasks and cycles of the contention scenario: 32 x 200 unless the deployment says why not.
+    fn contention(&self) -> (u64, u64) {
+        (32, 200)
+    }
+
     /// The URL another process would use to reach this deployment (with the suite's TTL and
     /// timeouts), or `None` for an in-process store.
     fn url(&self) -> Option<String> {

@@ -28,7 +28,17 @@ pub enum BackendSpec {
         /// Backend options.
         options: distlock_redis::RedisOptions,
     },
-    /// `etcd://[user:password@]h1:p1,h2:p2[/prefix][?session_ttl=..&op_timeout=..&connect_timeout=..]`.
+    /// `redlock://[user:password@]h1:p1,h2:p2,h3:p3[?prefix=..&node_timeout=..&drift_factor=..&retry_delay=50ms..250ms&retry_count=..]`:
+    /// Redlock over independent masters (an odd number, at least 3).
+    #[cfg(feature = "redis")]
+    Redlock {
+        /// `redis://` URL of each master.
+        urls: Vec<String>,
+        /// Algorithm options.
+        options: distlock_redis::RedlockOptions,
+    },
+    /// `etcd://[user:password@]h1:p1,h2:p2[/prefix][?session_ttl=..&op_timeout=..&connect_timeout=..]`;
+    /// TLS with `ca=<pem path>` (and `cert=`, `key=` for a client certificate, `tls_domain=`).
     #[cfg(feature = "etcd")]
     Etcd {
         /// `host:port` of each member.
@@ -58,6 +68,12 @@ impl std::fmt::Debug for BackendSpec {
                 .field("url", &redact(url))
                 .field("options", options)
                 .finish(),
+            #[cfg(feature = "redis")]
+            BackendSpec::Redlock { urls, options } => f
+                .debug_struct("Redlock")
+                .field("urls", &urls.iter().map(|u| redact(u)).collect::<Vec<_>>())
+                .field("options", options)
+                .finish(),
             #[cfg(feature = "etcd")]
             BackendSpec::Etcd { endpoints, options } => f
                 .debug_struct("Etcd")
@@ -79,6 +95,7 @@ pub fn known_schemes() -> Vec<&'static str> {
     let mut s = vec!["memory"];
     if cfg!(feature = "redis") {
         s.push("redis");
+        s.push("redlock");
     }
     if cfg!(feature = "etcd") {
         s.push("etcd");
@@ -270,6 +287,63 @@ impl BackendSpec {
                     options: o,
                 }
             }
+            #[cfg(feature = "redis")]
+            "redlock" => {
+                let mut o = distlock_redis::RedlockOptions::default();
+                if let Some(v) = take(&mut options, "prefix") {
+                    o.prefix = v;
+                }
+                if let Some(v) = take(&mut options, "node_timeout") {
+                    o.node_timeout = parse_duration(&opt_key("node_timeout"), &v)?;
+                }
+                if let Some(v) = take(&mut options, "connect_timeout") {
+                    o.connect_timeout = parse_duration(&opt_key("connect_timeout"), &v)?;
+                }
+                if let Some(v) = take(&mut options, "drift_factor") {
+                    o.drift_factor = v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|f| (0.0..0.5).contains(f))
+                        .ok_or_else(|| {
+                            ConfigError::invalid(
+                                opt_key("drift_factor"),
+                                &v,
+                                "a fraction in [0, 0.5)",
+                            )
+                        })?;
+                }
+                if let Some(v) = take(&mut options, "retry_count") {
+                    o.retry_count = v.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        ConfigError::invalid(opt_key("retry_count"), &v, "a positive integer")
+                    })?;
+                }
+                if let Some(v) = take(&mut options, "retry_delay") {
+                    let k = opt_key("retry_delay");
+                    let (lo, hi) = v.split_once("..").ok_or_else(|| {
+                        ConfigError::invalid(&k, &v, "use <min>..<max>, e.g. 50ms..250ms")
+                    })?;
+                    o.retry_delay = (parse_duration(&k, lo)?, parse_duration(&k, hi)?);
+                    if o.retry_delay.0 > o.retry_delay.1 {
+                        return Err(ConfigError::invalid(k, v, "min above max"));
+                    }
+                }
+                let hosts = endpoints(key, url, parts.hosts)?;
+                if hosts.len() < 3 || hosts.len() % 2 == 0 {
+                    return Err(ConfigError::invalid(
+                        key,
+                        redact(url),
+                        "Redlock needs an odd number of masters, at least 3",
+                    ));
+                }
+                let auth = parts
+                    .user
+                    .as_ref()
+                    .map_or(String::new(), |(u, p)| format!("{u}:{p}@"));
+                BackendSpec::Redlock {
+                    urls: hosts.iter().map(|h| format!("redis://{auth}{h}")).collect(),
+                    options: o,
+                }
+            }
             #[cfg(feature = "etcd")]
             "etcd" => {
                 let mut o = distlock_etcd::EtcdOptions::default();
@@ -285,6 +359,35 @@ impl BackendSpec {
                 }
                 if let Some(v) = take(&mut options, "connect_timeout") {
                     o.connect_timeout = parse_duration(&opt_key("connect_timeout"), &v)?;
+                }
+                if let Some(ca) = take(&mut options, "ca") {
+                    let read = |name: &str, path: &str| {
+                        std::fs::read(path).map_err(|e| {
+                            ConfigError::invalid(opt_key(name), path, format!("cannot read: {e}"))
+                        })
+                    };
+                    let client_identity =
+                        match (take(&mut options, "cert"), take(&mut options, "key")) {
+                            (Some(c), Some(k)) => Some((read("cert", &c)?, read("key", &k)?)),
+                            (None, None) => None,
+                            (c, _) => {
+                                let (name, value) = if c.is_some() {
+                                    ("key", String::new())
+                                } else {
+                                    ("cert", String::new())
+                                };
+                                return Err(ConfigError::invalid(
+                                    opt_key(name),
+                                    value,
+                                    "cert and key go together",
+                                ));
+                            }
+                        };
+                    o.tls = Some(distlock_etcd::EtcdTls {
+                        ca_pem: read("ca", &ca)?,
+                        client_identity,
+                        domain: take(&mut options, "tls_domain"),
+                    });
                 }
                 let user = take(&mut options, "user").or(parts.user.as_ref().map(|u| u.0.clone()));
                 let password =
@@ -365,6 +468,8 @@ impl BackendSpec {
             BackendSpec::Memory { .. } => "memory",
             #[cfg(feature = "redis")]
             BackendSpec::Redis { .. } => "redis",
+            #[cfg(feature = "redis")]
+            BackendSpec::Redlock { .. } => "redlock",
             #[cfg(feature = "etcd")]
             BackendSpec::Etcd { .. } => "etcd",
             #[cfg(feature = "zk")]
@@ -380,6 +485,8 @@ impl BackendSpec {
                 .clone(),
             #[cfg(feature = "redis")]
             BackendSpec::Redis { .. } => distlock_redis::CAPABILITIES,
+            #[cfg(feature = "redis")]
+            BackendSpec::Redlock { .. } => distlock_redis::REDLOCK_CAPABILITIES,
             #[cfg(feature = "etcd")]
             BackendSpec::Etcd { .. } => distlock_etcd::CAPABILITIES,
             #[cfg(feature = "zk")]
@@ -397,6 +504,10 @@ impl BackendSpec {
             #[cfg(feature = "redis")]
             BackendSpec::Redis { url, options } => {
                 Arc::new(distlock_redis::RedisBackend::connect(url, options.clone()).await?)
+            }
+            #[cfg(feature = "redis")]
+            BackendSpec::Redlock { urls, options } => {
+                Arc::new(distlock_redis::RedlockBackend::connect(urls, options.clone()).await?)
             }
             #[cfg(feature = "etcd")]
             BackendSpec::Etcd { endpoints, options } => {

@@ -3,6 +3,7 @@
 pub mod etcd;
 pub mod memory;
 pub mod redis;
+pub mod redlock;
 pub mod zk;
 
 use crate::Factory;
@@ -12,6 +13,7 @@ pub fn all() -> Vec<Factory> {
     vec![
         memory::FACTORY,
         redis::FACTORY,
+        redlock::FACTORY,
         etcd::FACTORY,
         etcd::CLUSTER_FACTORY,
         zk::FACTORY,

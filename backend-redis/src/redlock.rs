@@ -1,0 +1,327 @@
+//! Redlock over N independent Redis masters, on the single-instance scripts.
+//!
+//! * **Acquire**: the same `SET NX PX` script on every node in parallel, each with a short
+//!   timeout; success iff a majority (N/2 + 1) granted *and* the validity
+//!   `TTL - elapsed - (TTL x drift_factor + 2 ms)` is still positive, with `elapsed` measured on
+//!   the monotonic clock from before the first request was sent. The lease's local deadline is
+//!   exactly that validity.
+//! * **Failure**: release on *all* nodes, including those that did not answer (they may have
+//!   granted after their timeout), then retry after a random delay, up to the caller's deadline
+//!   and `retry_count` rounds.
+//! * **Renew / release**: on all nodes; renew succeeds iff a majority extended, release iff a
+//!   majority deleted. A renewal that reaches no majority is retried by the watchdog only until
+//!   the validity deadline (bounded extension: unbounded retries would break liveness), then the
+//!   lost signal fires.
+//! * **No fencing token**: the per-node counters are not one sequence, so nothing monotonic can
+//!   be promised; leases carry no token and `Correctness` is refused.
+//!
+//! # Known hazards (asserted in the tests, not hidden)
+//! A node that crashes and restarts empty before the TTL ran out forgets its key, so a second
+//! client can reach a majority while the first still holds: two holders. Restart crashed nodes
+//! only after the longest TTL (or run them with `appendfsync always`). Redis expires keys by the
+//! wall clock, so a clock jump on a node shortens the lease there.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{
+    Capabilities, Fencing, Grant, GrantKey, Guarantee, LockBackend, LockError, LockName,
+    OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+};
+use futures_util::future::{join_all, select_all};
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::backend::{Attempt, RedisBackend};
+use crate::config::{RedisOptions, RedlockOptions};
+
+/// What Redlock declares: efficiency grade, no fencing token, not FIFO, client-side
+/// re-entrancy, millisecond TTLs, release messages from every node (with a random back-off as
+/// the fallback).
+pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
+    guarantee: Guarantee::Efficiency,
+    fencing: Fencing::None,
+    fifo: false,
+    reentrancy: Reentrancy::ClientSide,
+    ttl_granularity: Duration::from_millis(1),
+    min_ttl: Duration::from_millis(10),
+    wakeup: Wakeup::PubSub,
+};
+
+/// The validity left of a lease of `ttl` whose acquire took `elapsed` (from before the first
+/// request to after the last answer and the quorum check), or `None` when nothing is left.
+pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<Duration> {
+    let drift = ttl.mul_f64(drift_factor) + Duration::from_millis(2);
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift)
+        .filter(|v| !v.is_zero())
+}
+
+/// A lock client over N independent Redis masters (N odd, 3 or 5 recommended).
+#[derive(Clone)]
+pub struct RedlockBackend {
+    nodes: Arc<Vec<RedisBackend>>,
+    options: RedlockOptions,
+}
+
+impl std::fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("nodes", &self.nodes)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl RedlockBackend {
+    /// Connects to every node (`redis://host:port` each).
+    ///
+    /// # Errors
+    /// `InvalidConfig` for fewer than 3 nodes, an even count, or options out of range; a
+    /// retryable backend error when a node cannot be reached (all must be up to start).
+    pub async fn connect(urls: &[String], options: RedlockOptions) -> Result<Self> {
+        if urls.len() < 3 || urls.len() % 2 == 0 {
+            return Err(LockError::invalid_config(
+                "nodes",
+                urls,
+                "Redlock needs an odd number of nodes, at least 3",
+            ));
+        }
+        if !(0.0..0.5).contains(&options.drift_factor) {
+            return Err(LockError::invalid_config(
+                "drift_factor",
+                options.drift_factor,
+                "must be in [0, 0.5)",
+            ));
+        }
+        if options.retry_delay.0 > options.retry_delay.1 {
+            return Err(LockError::invalid_config(
+                "retry_delay",
+                options.retry_delay,
+                "min above max",
+            ));
+        }
+        let node_options = RedisOptions {
+            prefix: options.prefix.clone(),
+            op_timeout: options.node_timeout,
+            connect_timeout: options.connect_timeout,
+        };
+        let mut nodes = Vec::with_capacity(urls.len());
+        for url in urls {
+            nodes.push(RedisBackend::connect(url, node_options.clone()).await?);
+        }
+        Ok(RedlockBackend {
+            nodes: Arc::new(nodes),
+            options,
+        })
+    }
+
+    fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// One round on all nodes. `Ok(true)`: granted with validity left; `Ok(false)`: refused
+    /// (everything we got was released again).
+    async fn round(
+        &self,
+        name: &LockName,
+        secret: &OwnerSecret,
+        ttl: Duration,
+    ) -> Result<(bool, Instant)> {
+        let start = Instant::now();
+        let results = join_all(self.nodes.iter().map(|n| {
+            let keys = n.keys(name);
+            async move { n.attempt(&keys, secret, ttl).await }
+        }))
+        .await;
+        let granted = results
+            .iter()
+            .filter(|r| matches!(r, Ok(Attempt::Granted(_))))
+            .count();
+        let errors = results.iter().filter(|r| r.is_err()).count();
+        let ok = granted >= self.quorum()
+            && validity(ttl, start.elapsed(), self.options.drift_factor).is_some();
+        if ok {
+            return Ok((true, start));
+        }
+        self.release_all(name, secret).await;
+        if errors >= self.quorum() {
+            return Err(LockError::backend(
+                "redlock",
+                true,
+                format!("{errors} of {} nodes failed to answer", self.nodes.len()),
+            ));
+        }
+        Ok((false, start))
+    }
+
+    /// Releases on every node; returns how many deleted our key.
+    async fn release_all(&self, name: &LockName, secret: &OwnerSecret) -> usize {
+        join_all(self.nodes.iter().map(|n| {
+            let keys = n.keys(name);
+            async move { n.release_keys(&keys, secret).await }
+        }))
+        .await
+        .into_iter()
+        .filter(|r| matches!(r, Ok(true)))
+        .count()
+    }
+
+    fn grant(&self, name: &LockName, secret: OwnerSecret, ttl: Duration, start: Instant) -> Grant {
+        Grant {
+            key: GrantKey {
+                name: name.clone(),
+                resource: self.nodes[0].keys(name).lock,
+                secret,
+            },
+            // No token: per-node counters are not one sequence (see the module docs).
+            token: None,
+            ttl,
+            sent_at: start,
+            session: None,
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn kind(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &REDLOCK_CAPABILITIES
+    }
+
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Grant> {
+        let secret = OwnerSecret::random()?;
+        match self.round(name, &secret, ttl).await? {
+            (true, start) => Ok(self.grant(name, secret, ttl, start)),
+            (false, _) => Err(LockError::Busy {
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
+        let secret = OwnerSecret::random()?;
+        let started = Instant::now();
+        // Release messages from any node cut the random pause short; a node that cannot
+        // subscribe just does not wake us.
+        let mut subs = Vec::new();
+        for n in self.nodes.iter() {
+            if let Ok(s) = n.subscribe_releases(&n.keys(name)).await {
+                subs.push(s);
+            }
+        }
+        let mut rounds = 0;
+        loop {
+            if let (true, start) = self.round(name, &secret, ttl).await? {
+                return Ok(self.grant(name, secret, ttl, start));
+            }
+            rounds += 1;
+            if Instant::now() >= deadline || rounds >= self.options.retry_count.max(1) {
+                break;
+            }
+            let (lo, hi) = self.options.retry_delay;
+            let pause = rand::rng().random_range(lo..=hi);
+            let released = async {
+                if subs.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                select_all(subs.iter_mut().map(|s| Box::pin(s.released()))).await;
+                // Spread the woken waiters so they do not split the votes every time.
+                let jitter = rand::rng().random_range(Duration::ZERO..=lo);
+                tokio::time::sleep(jitter).await;
+            };
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep_until((Instant::now() + pause).min(deadline)) => {}
+            }
+        }
+        Err(LockError::Timeout {
+            name: name.to_string(),
+            waited: started.elapsed(),
+        })
+    }
+
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
+        let results = join_all(self.nodes.iter().map(|n| {
+            let k = GrantKey {
+                resource: n.keys(&key.name).lock,
+                ..key.clone()
+            };
+            async move { n.renew(&k, ttl).await }
+        }))
+        .await;
+        let renewed = results
+            .iter()
+            .filter(|r| matches!(r, Ok(Renewal::Renewed)))
+            .count();
+        let refused = results
+            .iter()
+            .filter(|r| matches!(r, Ok(Renewal::NotHeld)))
+            .count();
+        if renewed >= self.quorum() {
+            Ok(Renewal::Renewed)
+        } else if refused > self.nodes.len() - self.quorum() {
+            // A majority can no longer be ours: the lock is gone.
+            Ok(Renewal::NotHeld)
+        } else {
+            Err(LockError::backend(
+                "redlock",
+                true,
+                format!("only {renewed} of {} nodes extended", self.nodes.len()),
+            ))
+        }
+    }
+
+    async fn release(&self, key: &GrantKey) -> Result<bool> {
+        Ok(self.release_all(&key.name, &key.secret).await >= self.quorum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift() {
+        // drift = 10 s x 0.01 + 2 ms = 102 ms
+        assert_eq!(
+            validity(TTL, Duration::from_millis(300), 0.01),
+            Some(Duration::from_millis(9_598))
+        );
+        assert_eq!(
+            validity(TTL, Duration::ZERO, 0.0),
+            Some(Duration::from_millis(9_998))
+        );
+    }
+
+    #[test]
+    fn no_validity_once_elapsed_and_drift_eat_the_ttl() {
+        assert_eq!(validity(TTL, Duration::from_millis(9_898), 0.01), None);
+        assert_eq!(validity(TTL, Duration::from_secs(11), 0.01), None);
+        assert!(validity(TTL, Duration::from_millis(9_897), 0.01).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_between_the_last_reply_and_the_check_shortens_or_voids_the_lease() {
+        let start = Instant::now();
+        // Replies came back after 40 ms, then the client was paused (GC, SIGSTOP) for 6 s
+        // before it checked the quorum: the check must count the pause.
+        tokio::time::advance(Duration::from_millis(40)).await;
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let v = validity(TTL, start.elapsed(), 0.01).expect("some validity left");
+        assert_eq!(v, Duration::from_millis(3_858));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(
+            validity(TTL, start.elapsed(), 0.01),
+            None,
+            "a longer pause voids the lease"
+        );
+    }
+}

@@ -1,0 +1,201 @@
+//! Redlock over 5 independent redis-server masters, shared by the scenarios, and a set of its own
+//! for the scenario that kills servers. Cut clients go through a [`Proxy`] per node.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{Capabilities, LockBackend, LockName};
+use distlock_redis::{RedlockBackend, RedlockOptions, keys::lock_keys};
+
+use crate::Factory;
+use crate::deployment::{Cut, Deployment, ServerFaults};
+use crate::harness::{Proxy, ProxyMode, RedisMasters};
+
+/// Redlock on 5 masters.
+pub const FACTORY: Factory = Factory {
+    label: "redlock",
+    capabilities: || distlock_redis::REDLOCK_CAPABILITIES.clone(),
+    shared: || Box::pin(async { deploy(5, true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| Box::pin(async { deploy(5, false).await as Arc<dyn Deployment> })),
+};
+
+/// The options every client of the suite uses: a node timeout small against the 2 s TTL but
+/// roomy enough for a loaded 2-core machine.
+pub fn options() -> RedlockOptions {
+    RedlockOptions {
+        prefix: "distlock-test".into(),
+        node_timeout: Duration::from_millis(200),
+        retry_delay: (Duration::from_millis(5), Duration::from_millis(30)),
+        retry_count: 100_000,
+        ..RedlockOptions::default()
+    }
+}
+
+/// A deployment of `n` masters: the shared one, or a new one.
+pub async fn deploy(n: usize, shared: bool) -> Arc<RedlockDeployment> {
+    static SHARED: OnceLock<Arc<RedisMasters>> = OnceLock::new();
+    let masters = tokio::task::spawn_blocking(move || {
+        let start = || Arc::new(RedisMasters::start(n).unwrap_or_else(|e| panic!("{e}")));
+        if shared {
+            SHARED.get_or_init(start).clone()
+        } else {
+            start()
+        }
+    })
+    .await
+    .expect("starting redis masters");
+    let mut admins = Vec::new();
+    for node in &masters.nodes {
+        let conn = redis::Client::open(node.url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin connection");
+        admins.push(conn);
+    }
+    Arc::new(RedlockDeployment {
+        masters,
+        admins,
+        owns_servers: !shared,
+    })
+}
+
+/// A Redlock deployment: the masters and an admin connection to each.
+pub struct RedlockDeployment {
+    /// The servers, for fault tests.
+    pub masters: Arc<RedisMasters>,
+    admins: Vec<redis::aio::MultiplexedConnection>,
+    owns_servers: bool,
+}
+
+impl RedlockDeployment {
+    /// The node URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.masters.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// How many nodes hold a key for `name` right now.
+    pub async fn nodes_holding(&self, name: &LockName) -> usize {
+        let key = lock_keys(&options().prefix, name).lock;
+        let mut n = 0;
+        for admin in &self.admins {
+            let held: Option<i64> = redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async(&mut admin.clone())
+                .await
+                .ok();
+            n += usize::from(held == Some(1));
+        }
+        n
+    }
+}
+
+struct ProxyCut(Vec<Proxy>);
+
+impl Cut for ProxyCut {
+    fn cut(&self) {
+        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Blackhole));
+    }
+    fn restore(&self) {
+        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
+    }
+}
+
+impl ServerFaults for RedlockDeployment {
+    fn kill_all(&self) {
+        self.masters.nodes.iter().for_each(|n| n.process().kill());
+    }
+    fn restart_all(&self) {
+        for n in &self.masters.nodes {
+            n.process().restart().unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+#[async_trait]
+impl Deployment for RedlockDeployment {
+    fn label(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        distlock_redis::REDLOCK_CAPABILITIES.clone()
+    }
+
+    async fn client(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            RedlockBackend::connect(&self.urls(), options())
+                .await
+                .expect("connect"),
+        )
+    }
+
+    async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
+        let proxies: Vec<Proxy> = self
+            .masters
+            .nodes
+            .iter()
+            .map(|n| Proxy::start(([127, 0, 0, 1], n.port()).into()).expect("proxy"))
+            .collect();
+        let urls: Vec<String> = proxies
+            .iter()
+            .map(|p| format!("redis://{}", p.addr()))
+            .collect();
+        let client = RedlockBackend::connect(&urls, options())
+            .await
+            .expect("connect through proxies");
+        (Arc::new(client), Box::new(ProxyCut(proxies)))
+    }
+
+    /// The number of distinct owners with a key on any node: one holder counts once, however
+    /// many nodes granted it.
+    async fn artifacts(&self, name: &LockName) -> usize {
+        let key = lock_keys(&options().prefix, name).lock;
+        let mut owners = BTreeSet::new();
+        for admin in &self.admins {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut admin.clone())
+                .await
+                .expect("GET");
+            if let Some(v) = value {
+                owners.insert(v.split(':').next().unwrap_or_default().to_string());
+            }
+        }
+        owners.len()
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    /// Redlock has no queue: 32 contenders split the votes of 5 nodes round after round, and
+    /// 6 400 hand-overs take minutes. 8 x 50 still runs 400 contended hand-overs through the
+    /// same exclusion check.
+    fn contention(&self) -> (u64, u64) {
+        (8, 50)
+    }
+
+    fn expiry_slack(&self) -> Duration {
+        Duration::from_millis(300)
+    }
+
+    fn url(&self) -> Option<String> {
+        let hosts: Vec<String> = self
+            .masters
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        Some(format!(
+            "redlock://{}?prefix=distlock-test&node_timeout=200ms&retry_delay=5ms..30ms",
+            hosts.join(",")
+        ))
+    }
+
+    fn servers(&self) -> Option<&dyn ServerFaults> {
+        self.owns_servers.then_some(self as &dyn ServerFaults)
+    }
+}

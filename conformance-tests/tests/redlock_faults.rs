@@ -1,0 +1,181 @@
+//! Redlock over 5 masters under faults (issue 5): what a majority buys, and the hazards it does
+//! not remove, asserted as such.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{AcquireOptions, LockClient, LockName};
+use distlock_conformance::deployments::redlock::{RedlockDeployment, deploy, options};
+use distlock_redis::RedlockBackend;
+use tokio::time::{Instant, sleep};
+
+const TTL: Duration = Duration::from_secs(3);
+
+async fn client(d: &RedlockDeployment) -> LockClient {
+    // Clients connect while every node is up; nodes fail afterwards.
+    LockClient::new(Arc::new(
+        RedlockBackend::connect(&d.urls(), options())
+            .await
+            .expect("connect"),
+    ))
+}
+
+fn name(s: &str) -> LockName {
+    LockName::new(s).expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_down_still_grants() {
+    let d = deploy(5, false).await;
+    let a = client(&d).await;
+    d.masters.nodes[0].process().kill();
+    d.masters.nodes[1].process().kill();
+    let lease = a
+        .try_acquire("minority", &AcquireOptions::with_ttl(TTL))
+        .await
+        .expect("3 of 5 grant");
+    assert_eq!(d.nodes_holding(&name("minority")).await, 3);
+    assert!(
+        lease.fencing_token().is_none(),
+        "Redlock must not hand out a token that looks monotonic"
+    );
+    assert!(
+        lease.release().await.expect("release"),
+        "a majority confirmed the release"
+    );
+    assert_eq!(d.nodes_holding(&name("minority")).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_down_fails_and_leaves_no_partial_keys() {
+    let d = deploy(5, false).await;
+    let a = client(&d).await;
+    for i in 0..3 {
+        d.masters.nodes[i].process().kill();
+    }
+    let err = a
+        .try_acquire("majority", &AcquireOptions::with_ttl(TTL))
+        .await
+        .expect_err("2 of 5 cannot grant");
+    assert!(err.is_retryable(), "{err}");
+    assert_eq!(
+        d.nodes_holding(&name("majority")).await,
+        0,
+        "the granted minority was not released"
+    );
+    let err = a
+        .acquire(
+            "majority",
+            &AcquireOptions::with_ttl(TTL),
+            Duration::from_millis(500),
+        )
+        .await
+        .expect_err("still no majority");
+    assert!(err.is_retryable(), "{err}");
+    assert_eq!(d.nodes_holding(&name("majority")).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_shortens_the_validity_and_a_paused_majority_fails() {
+    let d = deploy(5, false).await;
+    let a = client(&d).await;
+    d.masters.nodes[4].process().pause();
+    let before = Instant::now();
+    let lease = a
+        .try_acquire("paused-node", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .expect("4 of 5 grant");
+    let waited = before.elapsed();
+    assert!(
+        waited >= options().node_timeout,
+        "the round did not wait for the paused node"
+    );
+    // Validity = TTL - elapsed - drift: the time spent waiting for the paused node is gone.
+    assert!(
+        lease.remaining() <= TTL - options().node_timeout,
+        "validity {:?} not shortened by the {:?} wait",
+        lease.remaining(),
+        waited
+    );
+    assert!(lease.release().await.expect("release"));
+    d.masters.nodes[3].process().pause();
+    d.masters.nodes[2].process().pause();
+    let err = a
+        .try_acquire("paused-node", &AcquireOptions::with_ttl(TTL))
+        .await
+        .expect_err("2 of 5 answer");
+    assert!(err.is_retryable(), "{err}");
+    for i in 2..5 {
+        d.masters.nodes[i].process().resume();
+    }
+    // The paused nodes answered late; the failed round released them too.
+    let freed = async {
+        while d.nodes_holding(&name("paused-node")).await > 0 {
+            sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(TTL * 2, freed)
+        .await
+        .expect("late grants were released or expired");
+}
+
+/// The documented hazard: a node that crashes and restarts empty before the TTL ran out lets a
+/// second client reach a majority while the first still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_restart_within_the_ttl_gives_two_holders() {
+    let d = deploy(5, false).await;
+    let (a, b) = (client(&d).await, client(&d).await);
+    // A gets exactly nodes 0, 1, 2: 3 and 4 are paused during its round.
+    d.masters.nodes[3].process().pause();
+    d.masters.nodes[4].process().pause();
+    let first = a
+        .try_acquire("hazard", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .expect("3 of 5");
+    d.masters.nodes[3].process().resume();
+    d.masters.nodes[4].process().resume();
+    // Node 2 crashes and comes back at once, without its data.
+    d.masters.nodes[2].process().kill();
+    d.masters.nodes[2].process().restart().expect("restart");
+    let second = b
+        .acquire("hazard", &AcquireOptions::with_ttl(TTL).fixed(), TTL)
+        .await
+        .expect("nodes 2, 3, 4 grant the second client");
+    assert!(
+        first.lost_reason().is_none() && !first.remaining().is_zero(),
+        "the first holder still believes it holds"
+    );
+    assert!(!second.remaining().is_zero());
+    // Two holders at once: this is the hazard, not a bug to hide. Fencing (etcd, ZooKeeper)
+    // is the remedy; Redlock has no token to offer.
+    drop((first, second));
+}
+
+/// The same crash, with the restart delayed beyond the TTL: the first lease has run out before
+/// anyone else can reach a majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_restart_after_the_ttl_gives_no_second_holder() {
+    let d = deploy(5, false).await;
+    let (a, b) = (client(&d).await, client(&d).await);
+    d.masters.nodes[3].process().pause();
+    d.masters.nodes[4].process().pause();
+    let first = a
+        .try_acquire("delayed", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .expect("3 of 5");
+    d.masters.nodes[3].process().resume();
+    d.masters.nodes[4].process().resume();
+    d.masters.nodes[2].process().kill();
+    sleep(TTL + Duration::from_millis(300)).await;
+    d.masters.nodes[2].process().restart().expect("restart");
+    let second = b
+        .acquire("delayed", &AcquireOptions::with_ttl(TTL).fixed(), TTL)
+        .await
+        .expect("the second client acquires after the TTL");
+    assert!(
+        first.lost_reason().is_some(),
+        "the first lease had to be over before the second began"
+    );
+    assert!(first.remaining().is_zero());
+    drop(second);
+}
