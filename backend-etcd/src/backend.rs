@@ -9,8 +9,8 @@ use distlock_api::{
     LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::time::{Instant, timeout, timeout_at};
 
@@ -84,6 +84,16 @@ impl EtcdBackend {
             .with_keep_alive_while_idle(true);
         if let Some((user, password)) = &options.credentials {
             connect = connect.with_user(user.clone(), password.clone());
+        }
+        if let Some(tls) = &options.tls {
+            let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.client_identity {
+                t = t.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(domain) = &tls.domain {
+                t = t.domain_name(domain.clone());
+            }
+            connect = connect.with_tls(t);
         }
         let client = timeout(
             options.connect_timeout,

@@ -17,6 +17,33 @@ pub struct EtcdOptions {
     pub connect_timeout: Duration,
     /// User and password for etcd authentication.
     pub credentials: Option<(String, String)>,
+    /// TLS to the members (then endpoints are dialled over HTTPS).
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS settings: the CA that signed the members' certificates, and optionally a client
+/// certificate for etcd's client-certificate authentication.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// PEM of the CA certificate(s) to trust.
+    pub ca_pem: Vec<u8>,
+    /// PEM of a client certificate and its private key.
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name to check the members' certificates against, when it is not the endpoint host.
+    pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_pem", &format!("{} bytes", self.ca_pem.len()))
+            .field(
+                "client_identity",
+                &self.client_identity.as_ref().map(|_| "<redacted>"),
+            )
+            .field("domain", &self.domain)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for EtcdOptions {
@@ -45,6 +72,7 @@ impl Default for EtcdOptions {
             op_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             credentials: None,
+            tls: None,
         }
     }
 }

@@ -40,6 +40,7 @@ pub fn options() -> EtcdOptions {
         op_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(2),
         credentials: None,
+        tls: None,
     }
 }
 

@@ -2,7 +2,20 @@
 
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use super::{HarnessError, ServerProcess, TempDir, ask, free_port, local, require};
+
+/// PEM files for serving TLS: the CA, and the server certificate and key it signed.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// CA certificate (for clients to trust).
+    pub ca: PathBuf,
+    /// Server certificate (valid for 127.0.0.1).
+    pub cert: PathBuf,
+    /// Server private key.
+    pub key: PathBuf,
+}
 
 const BINARY: &str = "/usr/bin/etcd";
 
@@ -11,6 +24,8 @@ const BINARY: &str = "/usr/bin/etcd";
 pub struct EtcdCluster {
     /// Client ports, member i at index i.
     pub client_ports: Vec<u16>,
+    /// Plain-HTTP metrics and health ports, member i at index i.
+    pub metrics_ports: Vec<u16>,
     /// The members' processes, for faults.
     pub members: Vec<ServerProcess>,
     _dir: TempDir,
@@ -19,6 +34,16 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts `n` members and waits until each reports healthy (the cluster has a leader).
     pub fn start(n: usize) -> Result<Self, HarnessError> {
+        Self::start_with(n, None)
+    }
+
+    /// Like [`EtcdCluster::start`], serving clients over TLS with `tls` (peers stay plain). No
+    /// `--trusted-ca-file`: etcd 3.4 would then demand a client certificate from every client.
+    pub fn start_tls(n: usize, tls: &TlsFiles) -> Result<Self, HarnessError> {
+        Self::start_with(n, Some(tls))
+    }
+
+    fn start_with(n: usize, tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
         require(BINARY, "etcd-server")?;
         let dir = TempDir::new("etcd").map_err(|source| HarnessError::Io {
             server: "etcd".into(),
@@ -26,6 +51,9 @@ impl EtcdCluster {
         })?;
         let client_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
         let peer_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        // Health is probed on a plain-HTTP metrics port, so it works with client TLS too.
+        let metrics_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let initial: Vec<String> = peer_ports
             .iter()
             .enumerate()
@@ -35,13 +63,14 @@ impl EtcdCluster {
         // Start every member before waiting: a member is only healthy once a quorum runs.
         let mut pending = Vec::new();
         for i in 0..n {
-            let (c, p) = (client_ports[i], peer_ports[i]);
+            let (c, p, m) = (client_ports[i], peer_ports[i], metrics_ports[i]);
             let data = dir.path().join(format!("e{i}"));
             let args: Vec<String> = vec![
                 format!("--name=e{i}"),
                 format!("--data-dir={}", data.display()),
-                format!("--listen-client-urls=http://127.0.0.1:{c}"),
-                format!("--advertise-client-urls=http://127.0.0.1:{c}"),
+                format!("--listen-client-urls={scheme}://127.0.0.1:{c}"),
+                format!("--advertise-client-urls={scheme}://127.0.0.1:{c}"),
+                format!("--listen-metrics-urls=http://127.0.0.1:{m}"),
                 format!("--listen-peer-urls=http://127.0.0.1:{p}"),
                 format!("--initial-advertise-peer-urls=http://127.0.0.1:{p}"),
                 format!("--initial-cluster={initial}"),
@@ -52,6 +81,11 @@ impl EtcdCluster {
                 "--logger=zap".into(),
                 "--log-level=warn".into(),
             ];
+            let mut args = args;
+            if let Some(t) = tls {
+                args.push(format!("--cert-file={}", t.cert.display()));
+                args.push(format!("--key-file={}", t.key.display()));
+            }
             pending.push((i, args, dir.path().join(format!("e{i}.log"))));
         }
         let members = std::thread::scope(|s| {
@@ -59,13 +93,14 @@ impl EtcdCluster {
                 .into_iter()
                 .map(|(i, args, log)| {
                     let port = client_ports[i];
+                    let metrics = metrics_ports[i];
                     s.spawn(move || {
                         ServerProcess::start(
                             format!("etcd e{i} :{port}"),
                             BINARY.into(),
                             args.into_iter().map(Into::into).collect(),
                             log,
-                            Box::new(move || healthy(port)),
+                            Box::new(move || healthy(metrics)),
                         )
                     })
                 })
@@ -80,6 +115,7 @@ impl EtcdCluster {
         })?;
         Ok(EtcdCluster {
             client_ports,
+            metrics_ports,
             members,
             _dir: dir,
         })
