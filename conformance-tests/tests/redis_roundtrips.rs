@@ -1,0 +1,71 @@
+//! Round trips of the Redis backend, counted by the server (`INFO commandstats`): an uncontended
+//! acquire is one script call, a release is one.
+
+use std::sync::Arc;
+
+use distlock::{AcquireOptions, LockClient};
+use distlock_conformance::harness::RedisServer;
+use distlock_redis::{RedisBackend, RedisOptions};
+
+async fn script_calls(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .expect("INFO");
+    // Lines look like `cmdstat_evalsha:calls=3,usec=...`; EVAL counts too (script not cached).
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_and_release_are_one_script_call_each() {
+    let server = tokio::task::spawn_blocking(|| RedisServer::start().expect("redis"))
+        .await
+        .expect("start");
+    let mut admin = redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin");
+    let backend = RedisBackend::connect(&server.url(), RedisOptions::default())
+        .await
+        .expect("connect");
+    let locks = LockClient::new(Arc::new(backend));
+    // A fixed lease: no watchdog renewal may run between the counts.
+    let opts = AcquireOptions::with_ttl(std::time::Duration::from_secs(30)).fixed();
+    // Warm up: the first call of each script also loads it (NOSCRIPT, SCRIPT LOAD).
+    locks
+        .try_acquire("warm", &opts)
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    let before = script_calls(&mut admin).await;
+    let lease = locks.try_acquire("count", &opts).await.expect("acquire");
+    let after_acquire = script_calls(&mut admin).await;
+    assert!(lease.release().await.expect("release"));
+    let after_release = script_calls(&mut admin).await;
+    assert_eq!(
+        after_acquire - before,
+        1,
+        "acquire took {} script calls",
+        after_acquire - before
+    );
+    assert_eq!(
+        after_release - after_acquire,
+        1,
+        "release took {} script calls",
+        after_release - after_acquire
+    );
+}
