@@ -7,12 +7,49 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{Capabilities, LockBackend, LockName};
 
+use crate::harness::{Proxy, ProxyMode};
+
 /// Cuts one client off from the servers and restores it.
 pub trait Cut: Send + Sync {
     /// From now on, the client's traffic goes nowhere (its calls fail or hang until timeout).
     fn cut(&self);
     /// Traffic flows again.
     fn restore(&self);
+}
+
+/// A client's proxies, one per server: cutting blackholes all of them.
+pub struct ProxyCut(pub Vec<Proxy>);
+
+impl ProxyCut {
+    /// A proxy in front of each loopback port.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound (the test cannot run then).
+    pub fn to_ports(ports: impl IntoIterator<Item = u16>) -> Self {
+        ProxyCut(
+            ports
+                .into_iter()
+                .map(|p| {
+                    Proxy::start(([127, 0, 0, 1], p).into())
+                        .unwrap_or_else(|e| panic!("proxy: {e}"))
+                })
+                .collect(),
+        )
+    }
+
+    /// The proxies' `host:port` addresses, in order.
+    pub fn addrs(&self) -> Vec<String> {
+        self.0.iter().map(|p| p.addr().to_string()).collect()
+    }
+}
+
+impl Cut for ProxyCut {
+    fn cut(&self) {
+        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Blackhole));
+    }
+    fn restore(&self) {
+        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
+    }
 }
 
 /// Process-level faults on the servers of a deployment.

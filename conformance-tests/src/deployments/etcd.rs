@@ -11,8 +11,8 @@ use distlock_etcd::{EtcdBackend, EtcdOptions};
 use etcd_client::GetOptions;
 
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ServerFaults};
-use crate::harness::{EtcdCluster, Proxy, ProxyMode};
+use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults};
+use crate::harness::EtcdCluster;
 
 /// The etcd backend on a single member.
 pub const FACTORY: Factory = Factory {
@@ -78,17 +78,6 @@ pub struct EtcdDeployment {
     owns_cluster: bool,
 }
 
-struct ProxyCut(Vec<Proxy>);
-
-impl Cut for ProxyCut {
-    fn cut(&self) {
-        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Blackhole));
-    }
-    fn restore(&self) {
-        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
-    }
-}
-
 impl ServerFaults for EtcdDeployment {
     fn kill_all(&self) {
         self.cluster.members.iter().for_each(|m| m.kill());
@@ -121,17 +110,11 @@ impl Deployment for EtcdDeployment {
     }
 
     async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
-        let proxies: Vec<Proxy> = self
-            .cluster
-            .client_ports
-            .iter()
-            .map(|&p| Proxy::start(([127, 0, 0, 1], p).into()).expect("proxy"))
-            .collect();
-        let endpoints: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
-        let client = EtcdBackend::connect(&endpoints, options())
+        let proxies = ProxyCut::to_ports(self.cluster.client_ports.iter().copied());
+        let client = EtcdBackend::connect(&proxies.addrs(), options())
             .await
             .expect("connect through proxy");
-        (Arc::new(client), Box::new(ProxyCut(proxies)))
+        (Arc::new(client), Box::new(proxies))
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {

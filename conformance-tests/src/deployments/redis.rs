@@ -9,8 +9,8 @@ use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_redis::{RedisBackend, RedisOptions, keys::lock_keys};
 
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ServerFaults};
-use crate::harness::{Proxy, ProxyMode, RedisServer};
+use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults};
+use crate::harness::RedisServer;
 
 /// The Redis backend's factory.
 pub const FACTORY: Factory = Factory {
@@ -64,17 +64,6 @@ pub struct RedisDeployment {
     owns_server: bool,
 }
 
-struct ProxyCut(Proxy);
-
-impl Cut for ProxyCut {
-    fn cut(&self) {
-        self.0.set_mode(ProxyMode::Blackhole);
-    }
-    fn restore(&self) {
-        self.0.set_mode(ProxyMode::Pass);
-    }
-}
-
 impl ServerFaults for RedisDeployment {
     fn kill_all(&self) {
         self.server.process().kill();
@@ -106,12 +95,12 @@ impl Deployment for RedisDeployment {
     }
 
     async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
-        let proxy = Proxy::start(([127, 0, 0, 1], self.server.port()).into()).expect("proxy");
-        let url = format!("redis://{}", proxy.addr());
+        let proxy = ProxyCut::to_ports([self.server.port()]);
+        let url = format!("redis://{}", proxy.addrs()[0]);
         let client = RedisBackend::connect(&url, options())
             .await
             .expect("connect through proxy");
-        (Arc::new(client), Box::new(ProxyCut(proxy)))
+        (Arc::new(client), Box::new(proxy))
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {

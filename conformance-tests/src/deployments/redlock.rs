@@ -10,8 +10,8 @@ use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_redis::{RedlockBackend, RedlockOptions, keys::lock_keys};
 
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ServerFaults};
-use crate::harness::{Proxy, ProxyMode, RedisMasters};
+use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults};
+use crate::harness::RedisMasters;
 
 /// Redlock on 5 masters.
 pub const FACTORY: Factory = Factory {
@@ -92,17 +92,6 @@ impl RedlockDeployment {
     }
 }
 
-struct ProxyCut(Vec<Proxy>);
-
-impl Cut for ProxyCut {
-    fn cut(&self) {
-        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Blackhole));
-    }
-    fn restore(&self) {
-        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
-    }
-}
-
 impl ServerFaults for RedlockDeployment {
     fn kill_all(&self) {
         self.masters.nodes.iter().for_each(|n| n.process().kill());
@@ -133,20 +122,16 @@ impl Deployment for RedlockDeployment {
     }
 
     async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
-        let proxies: Vec<Proxy> = self
-            .masters
-            .nodes
-            .iter()
-            .map(|n| Proxy::start(([127, 0, 0, 1], n.port()).into()).expect("proxy"))
-            .collect();
+        let proxies = ProxyCut::to_ports(self.masters.nodes.iter().map(|n| n.port()));
         let urls: Vec<String> = proxies
+            .addrs()
             .iter()
-            .map(|p| format!("redis://{}", p.addr()))
+            .map(|a| format!("redis://{a}"))
             .collect();
         let client = RedlockBackend::connect(&urls, options())
             .await
             .expect("connect through proxies");
-        (Arc::new(client), Box::new(ProxyCut(proxies)))
+        (Arc::new(client), Box::new(proxies))
     }
 
     /// The number of distinct owners with a key on any node: one holder counts once, however

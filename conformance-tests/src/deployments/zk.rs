@@ -10,8 +10,8 @@ use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_zk::{ZkBackend, ZkOptions};
 
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ServerFaults};
-use crate::harness::{Proxy, ProxyMode, ZkEnsemble};
+use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults};
+use crate::harness::ZkEnsemble;
 
 /// The ZooKeeper backend on a standalone server.
 pub const FACTORY: Factory = Factory {
@@ -79,17 +79,6 @@ pub struct ZkDeployment {
     owns_ensemble: bool,
 }
 
-struct ProxyCut(Vec<Proxy>);
-
-impl Cut for ProxyCut {
-    fn cut(&self) {
-        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Blackhole));
-    }
-    fn restore(&self) {
-        self.0.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
-    }
-}
-
 impl ServerFaults for ZkDeployment {
     fn kill_all(&self) {
         self.ensemble.nodes.iter().for_each(|n| n.kill());
@@ -122,17 +111,11 @@ impl Deployment for ZkDeployment {
     }
 
     async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
-        let proxies: Vec<Proxy> = self
-            .ensemble
-            .client_ports
-            .iter()
-            .map(|&p| Proxy::start(([127, 0, 0, 1], p).into()).expect("proxy"))
-            .collect();
-        let connect: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
-        let client = ZkBackend::connect(&connect.join(","), options())
+        let proxies = ProxyCut::to_ports(self.ensemble.client_ports.iter().copied());
+        let client = ZkBackend::connect(&proxies.addrs().join(","), options())
             .await
             .expect("connect through proxy");
-        (Arc::new(client), Box::new(ProxyCut(proxies)))
+        (Arc::new(client), Box::new(proxies))
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {
