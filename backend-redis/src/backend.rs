@@ -11,7 +11,6 @@ use distlock_api::{
 use rand::Rng;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, RedisError, RetryMethod};
-use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::config::RedisOptions;
@@ -134,55 +133,39 @@ impl RedisBackend {
         }
     }
 
-    /// One acquire script call, made cancellation safe: it runs in its own task that hands the
-    /// outcome over a oneshot. Whoever finds a grant nobody will read releases it: the task when
-    /// the caller is already gone, the caller's [`AttemptReply`] guard when the reply arrived but
-    /// was never read. A failed call (possibly a lost reply after a grant) is cleared too.
+    /// One acquire script call, made cancellation safe without a task of its own: a guard is
+    /// armed while the call is in flight; dropped armed (the caller was cancelled) or left armed
+    /// by a failed call (the reply may be lost after the server granted), it releases by our
+    /// secret in the background. That release goes down the same pipelined connection after the
+    /// acquire, and compare-and-delete never touches a lock that is not ours.
     pub(crate) async fn attempt(
         &self,
         keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
     ) -> Result<Attempt> {
-        let (tx, rx) = oneshot::channel();
-        let (this, k, s) = (self.clone(), keys.clone(), secret.clone());
-        let ttl_ms = ttl.as_millis().max(1) as u64;
-        tokio::spawn(async move {
-            let mut conn = this.conn.clone();
-            let outcome: Result<(i64, i64)> = this
-                .with_timeout(
-                    scripts::ACQUIRE
-                        .key(&k.lock)
-                        .key(&k.fence)
-                        .arg(s.expose_hex())
-                        .arg(ttl_ms)
-                        .invoke_async(&mut conn),
-                )
-                .await;
-            let orphan = matches!(outcome, Ok((1, _)) | Err(_));
-            if tx.send(outcome).is_err() && orphan {
-                let _ = this.release_keys(&k, &s).await;
-            }
-        });
-        let mut reply = AttemptReply {
-            rx,
-            backend: self.clone(),
-            keys: keys.clone(),
-            secret: secret.clone(),
-            read: false,
+        let mut guard = AttemptGuard {
+            backend: self,
+            keys,
+            secret,
+            armed: true,
         };
-        let outcome = (&mut reply.rx)
-            .await
-            .map_err(|e| LockError::backend(self.server.clone(), true, e))?;
-        reply.read = true;
-        match outcome {
-            Ok((1, token)) => Ok(Attempt::Granted(token.max(0) as u64)),
-            Ok((_, pttl_ms)) => Ok(Attempt::Busy { pttl_ms }),
-            Err(e) => {
-                // The reply may have been lost after the server granted: clear it if it is ours.
-                reply.release_in_background();
-                Err(e)
-            }
+        let mut conn = self.conn.clone();
+        let outcome: Result<(i64, i64)> = self
+            .with_timeout(
+                scripts::ACQUIRE
+                    .key(&keys.lock)
+                    .key(&keys.fence)
+                    .arg(secret.expose_hex())
+                    .arg(ttl.as_millis().max(1) as u64)
+                    .invoke_async(&mut conn),
+            )
+            .await;
+        guard.armed = outcome.is_err();
+        drop(guard);
+        match outcome? {
+            (1, token) => Ok(Attempt::Granted(token.max(0) as u64)),
+            (_, pttl_ms) => Ok(Attempt::Busy { pttl_ms }),
         }
     }
 
@@ -223,30 +206,24 @@ impl RedisBackend {
     }
 }
 
-/// The caller's end of an acquire call; dropped unread with a grant inside, it releases it.
-struct AttemptReply {
-    rx: oneshot::Receiver<Result<(i64, i64)>>,
-    backend: RedisBackend,
-    keys: LockKeys,
-    secret: OwnerSecret,
-    read: bool,
+/// Releases an acquire attempt that may have been granted but will never be seen.
+struct AttemptGuard<'a> {
+    backend: &'a RedisBackend,
+    keys: &'a LockKeys,
+    secret: &'a OwnerSecret,
+    armed: bool,
 }
 
-impl AttemptReply {
-    fn release_in_background(&self) {
+impl Drop for AttemptGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
             rt.spawn(async move {
                 let _ = b.release_keys(&k, &s).await;
             });
-        }
-    }
-}
-
-impl Drop for AttemptReply {
-    fn drop(&mut self) {
-        if !self.read && matches!(self.rx.try_recv(), Ok(Ok((1, _)))) {
-            self.release_in_background();
         }
     }
 }
