@@ -1,13 +1,13 @@
 //! What a backend gives the suite: independent clients of one deployment, a peek at what the
 //! backend stores, and fault hooks.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{Capabilities, LockBackend, LockName};
 
-use crate::harness::{Proxy, ProxyMode};
+use crate::harness::{Proxy, ProxyMode, ServerProcess};
 
 /// Cuts one client off from the servers and restores it.
 pub trait Cut: Send + Sync {
@@ -50,6 +50,44 @@ impl Cut for ProxyCut {
     fn restore(&self) {
         self.0.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
     }
+}
+
+/// SIGKILL every process.
+pub fn kill_all<'a>(procs: impl IntoIterator<Item = &'a ServerProcess>) {
+    procs.into_iter().for_each(ServerProcess::kill);
+}
+
+/// Restarts every process at once (a quorum member is only ready once its peers run).
+///
+/// # Panics
+/// When a server does not come back: the test cannot go on.
+pub fn restart_all<'a>(procs: impl IntoIterator<Item = &'a ServerProcess>) {
+    std::thread::scope(|s| {
+        for p in procs {
+            s.spawn(move || p.restart().unwrap_or_else(|e| panic!("{e}")));
+        }
+    });
+}
+
+/// The servers in `cell` when `shared` (started once per test binary), else new ones; started
+/// off the async runtime, since starting blocks.
+///
+/// # Panics
+/// When the servers cannot start: the test cannot go on.
+pub async fn shared_or_new<T: Send + Sync + 'static>(
+    cell: &'static OnceLock<Arc<T>>,
+    shared: bool,
+    start: impl FnOnce() -> T + Send + 'static,
+) -> Arc<T> {
+    tokio::task::spawn_blocking(move || {
+        if shared {
+            cell.get_or_init(|| Arc::new(start())).clone()
+        } else {
+            Arc::new(start())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("starting servers: {e}"))
 }
 
 /// Process-level faults on the servers of a deployment.

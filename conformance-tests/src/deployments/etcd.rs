@@ -11,7 +11,9 @@ use distlock_etcd::{EtcdBackend, EtcdOptions};
 use etcd_client::GetOptions;
 
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults};
+use crate::deployment::{
+    Cut, Deployment, ProxyCut, ServerFaults, kill_all, restart_all, shared_or_new,
+};
 use crate::harness::EtcdCluster;
 
 /// The etcd backend on a single member.
@@ -48,16 +50,11 @@ pub fn options() -> EtcdOptions {
 pub async fn deploy(label: &'static str, members: usize, shared: bool) -> Arc<EtcdDeployment> {
     static SINGLE: OnceLock<Arc<EtcdCluster>> = OnceLock::new();
     static TRIPLE: OnceLock<Arc<EtcdCluster>> = OnceLock::new();
-    let cluster = tokio::task::spawn_blocking(move || {
-        let start = || Arc::new(EtcdCluster::start(members).unwrap_or_else(|e| panic!("{e}")));
-        match (shared, members) {
-            (true, 1) => SINGLE.get_or_init(start).clone(),
-            (true, _) => TRIPLE.get_or_init(start).clone(),
-            (false, _) => start(),
-        }
+    let cell = if members == 1 { &SINGLE } else { &TRIPLE };
+    let cluster = shared_or_new(cell, shared, move || {
+        EtcdCluster::start(members).unwrap_or_else(|e| panic!("{e}"))
     })
-    .await
-    .expect("starting etcd");
+    .await;
     let admin = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .expect("admin client");
@@ -80,14 +77,10 @@ pub struct EtcdDeployment {
 
 impl ServerFaults for EtcdDeployment {
     fn kill_all(&self) {
-        self.cluster.members.iter().for_each(|m| m.kill());
+        kill_all(&self.cluster.members);
     }
     fn restart_all(&self) {
-        std::thread::scope(|s| {
-            for m in &self.cluster.members {
-                s.spawn(|| m.restart().unwrap_or_else(|e| panic!("{e}")));
-            }
-        });
+        restart_all(&self.cluster.members);
     }
 }
 

@@ -9,7 +9,7 @@ use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_redis::{RedisBackend, RedisOptions, keys::lock_keys};
 
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults};
+use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults, shared_or_new};
 use crate::harness::RedisServer;
 
 /// The Redis backend's factory.
@@ -35,16 +35,10 @@ fn options() -> RedisOptions {
 
 async fn deploy(shared: bool) -> Arc<RedisDeployment> {
     static SHARED: OnceLock<Arc<RedisServer>> = OnceLock::new();
-    let server = tokio::task::spawn_blocking(move || {
-        let start = || Arc::new(RedisServer::start().unwrap_or_else(|e| panic!("{e}")));
-        if shared {
-            SHARED.get_or_init(start).clone()
-        } else {
-            start()
-        }
+    let server = shared_or_new(&SHARED, shared, || {
+        RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
     })
-    .await
-    .expect("starting redis-server");
+    .await;
     let admin = redis::Client::open(server.url())
         .expect("redis url")
         .get_multiplexed_async_connection()

@@ -10,7 +10,9 @@ use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_redis::{RedlockBackend, RedlockOptions, keys::lock_keys};
 
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults};
+use crate::deployment::{
+    Cut, Deployment, ProxyCut, ServerFaults, kill_all, restart_all, shared_or_new,
+};
 use crate::harness::RedisMasters;
 
 /// Redlock on 5 masters.
@@ -36,16 +38,10 @@ pub fn options() -> RedlockOptions {
 /// A deployment of `n` masters: the shared one, or a new one.
 pub async fn deploy(n: usize, shared: bool) -> Arc<RedlockDeployment> {
     static SHARED: OnceLock<Arc<RedisMasters>> = OnceLock::new();
-    let masters = tokio::task::spawn_blocking(move || {
-        let start = || Arc::new(RedisMasters::start(n).unwrap_or_else(|e| panic!("{e}")));
-        if shared {
-            SHARED.get_or_init(start).clone()
-        } else {
-            start()
-        }
+    let masters = shared_or_new(&SHARED, shared, move || {
+        RedisMasters::start(n).unwrap_or_else(|e| panic!("{e}"))
     })
-    .await
-    .expect("starting redis masters");
+    .await;
     let mut admins = Vec::new();
     for node in &masters.nodes {
         let conn = redis::Client::open(node.url())
@@ -94,12 +90,10 @@ impl RedlockDeployment {
 
 impl ServerFaults for RedlockDeployment {
     fn kill_all(&self) {
-        self.masters.nodes.iter().for_each(|n| n.process().kill());
+        kill_all(self.masters.nodes.iter().map(|n| n.process()));
     }
     fn restart_all(&self) {
-        for n in &self.masters.nodes {
-            n.process().restart().unwrap_or_else(|e| panic!("{e}"));
-        }
+        restart_all(self.masters.nodes.iter().map(|n| n.process()));
     }
 }
 

@@ -10,7 +10,9 @@ use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_zk::{ZkBackend, ZkOptions};
 
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults};
+use crate::deployment::{
+    Cut, Deployment, ProxyCut, ServerFaults, kill_all, restart_all, shared_or_new,
+};
 use crate::harness::ZkEnsemble;
 
 /// The ZooKeeper backend on a standalone server.
@@ -46,16 +48,11 @@ pub fn options() -> ZkOptions {
 pub async fn deploy(label: &'static str, nodes: usize, shared: bool) -> Arc<ZkDeployment> {
     static SINGLE: OnceLock<Arc<ZkEnsemble>> = OnceLock::new();
     static TRIPLE: OnceLock<Arc<ZkEnsemble>> = OnceLock::new();
-    let ensemble = tokio::task::spawn_blocking(move || {
-        let start = || Arc::new(ZkEnsemble::start(nodes).unwrap_or_else(|e| panic!("{e}")));
-        match (shared, nodes) {
-            (true, 1) => SINGLE.get_or_init(start).clone(),
-            (true, _) => TRIPLE.get_or_init(start).clone(),
-            (false, _) => start(),
-        }
+    let cell = if nodes == 1 { &SINGLE } else { &TRIPLE };
+    let ensemble = shared_or_new(cell, shared, move || {
+        ZkEnsemble::start(nodes).unwrap_or_else(|e| panic!("{e}"))
     })
-    .await
-    .expect("starting zookeeper");
+    .await;
     let admin = zookeeper_client::Client::connector()
         .with_session_timeout(Duration::from_secs(10))
         .connect(&ensemble.connect_string())
@@ -81,14 +78,10 @@ pub struct ZkDeployment {
 
 impl ServerFaults for ZkDeployment {
     fn kill_all(&self) {
-        self.ensemble.nodes.iter().for_each(|n| n.kill());
+        kill_all(&self.ensemble.nodes);
     }
     fn restart_all(&self) {
-        std::thread::scope(|s| {
-            for n in &self.ensemble.nodes {
-                s.spawn(|| n.restart().unwrap_or_else(|e| panic!("{e}")));
-            }
-        });
+        restart_all(&self.ensemble.nodes);
     }
 }
 
