@@ -229,6 +229,19 @@ fn take(options: &mut BTreeMap<String, String>, name: &str) -> Option<String> {
     options.remove(name)
 }
 
+/// Sets `field` from the duration option `name`, if given.
+fn take_duration(
+    options: &mut BTreeMap<String, String>,
+    base: &str,
+    name: &str,
+    field: &mut Duration,
+) -> Result<(), ConfigError> {
+    if let Some(v) = options.remove(name) {
+        *field = parse_duration(&format!("{base}.{name}"), &v)?;
+    }
+    Ok(())
+}
+
 fn no_leftovers(key: &str, options: &BTreeMap<String, String>) -> Result<(), ConfigError> {
     match options.iter().next() {
         Some((k, v)) => Err(ConfigError::invalid(
@@ -268,12 +281,13 @@ impl BackendSpec {
                 if let Some(v) = take(&mut options, "prefix") {
                     o.prefix = v;
                 }
-                if let Some(v) = take(&mut options, "op_timeout") {
-                    o.op_timeout = parse_duration(&opt_key("op_timeout"), &v)?;
-                }
-                if let Some(v) = take(&mut options, "connect_timeout") {
-                    o.connect_timeout = parse_duration(&opt_key("connect_timeout"), &v)?;
-                }
+                take_duration(&mut options, &options_base, "op_timeout", &mut o.op_timeout)?;
+                take_duration(
+                    &mut options,
+                    &options_base,
+                    "connect_timeout",
+                    &mut o.connect_timeout,
+                )?;
                 if parts.hosts.is_empty() || parts.hosts.contains(',') {
                     return Err(ConfigError::invalid(
                         key,
@@ -293,12 +307,18 @@ impl BackendSpec {
                 if let Some(v) = take(&mut options, "prefix") {
                     o.prefix = v;
                 }
-                if let Some(v) = take(&mut options, "node_timeout") {
-                    o.node_timeout = parse_duration(&opt_key("node_timeout"), &v)?;
-                }
-                if let Some(v) = take(&mut options, "connect_timeout") {
-                    o.connect_timeout = parse_duration(&opt_key("connect_timeout"), &v)?;
-                }
+                take_duration(
+                    &mut options,
+                    &options_base,
+                    "node_timeout",
+                    &mut o.node_timeout,
+                )?;
+                take_duration(
+                    &mut options,
+                    &options_base,
+                    "connect_timeout",
+                    &mut o.connect_timeout,
+                )?;
                 if let Some(v) = take(&mut options, "drift_factor") {
                     o.drift_factor = v
                         .parse::<f64>()
@@ -351,15 +371,19 @@ impl BackendSpec {
                 if !prefix.is_empty() {
                     o.prefix = prefix.to_string();
                 }
-                if let Some(v) = take(&mut options, "session_ttl") {
-                    o.session_ttl = parse_duration(&opt_key("session_ttl"), &v)?;
-                }
-                if let Some(v) = take(&mut options, "op_timeout") {
-                    o.op_timeout = parse_duration(&opt_key("op_timeout"), &v)?;
-                }
-                if let Some(v) = take(&mut options, "connect_timeout") {
-                    o.connect_timeout = parse_duration(&opt_key("connect_timeout"), &v)?;
-                }
+                take_duration(
+                    &mut options,
+                    &options_base,
+                    "session_ttl",
+                    &mut o.session_ttl,
+                )?;
+                take_duration(&mut options, &options_base, "op_timeout", &mut o.op_timeout)?;
+                take_duration(
+                    &mut options,
+                    &options_base,
+                    "connect_timeout",
+                    &mut o.connect_timeout,
+                )?;
                 if let Some(ca) = take(&mut options, "ca") {
                     let read = |name: &str, path: &str| {
                         std::fs::read(path).map_err(|e| {
@@ -404,15 +428,19 @@ impl BackendSpec {
                 if let Some(v) = take(&mut options, "root") {
                     o.root = v;
                 }
-                if let Some(v) = take(&mut options, "session_timeout") {
-                    o.session_timeout = parse_duration(&opt_key("session_timeout"), &v)?;
-                }
-                if let Some(v) = take(&mut options, "op_timeout") {
-                    o.op_timeout = parse_duration(&opt_key("op_timeout"), &v)?;
-                }
-                if let Some(v) = take(&mut options, "connect_timeout") {
-                    o.connect_timeout = parse_duration(&opt_key("connect_timeout"), &v)?;
-                }
+                take_duration(
+                    &mut options,
+                    &options_base,
+                    "session_timeout",
+                    &mut o.session_timeout,
+                )?;
+                take_duration(&mut options, &options_base, "op_timeout", &mut o.op_timeout)?;
+                take_duration(
+                    &mut options,
+                    &options_base,
+                    "connect_timeout",
+                    &mut o.connect_timeout,
+                )?;
                 if let Some(v) = take(&mut options, "on_disconnect") {
                     o.on_disconnect = match v.as_str() {
                         "lose" => distlock_zk::OnDisconnect::Lose,
