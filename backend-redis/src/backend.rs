@@ -9,12 +9,12 @@ use distlock_api::{
     LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
 use rand::Rng;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion, RedisError, RetryMethod};
+use redis::{ConnectionInfo, IntoConnectionInfo, RedisError, RetryMethod};
 use tokio::time::{Instant, sleep_until, timeout};
 
-use crate::config::RedisOptions;
-use crate::keys::{LockKeys, lock_keys};
+use crate::config::{RedisOptions, RedisTopology};
+use crate::conn::Conn;
+use crate::keys::{LockKeys, lock_keys, slot};
 use crate::notify::{Notifier, Subscription};
 use crate::scripts;
 
@@ -31,15 +31,18 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     wakeup: Wakeup::PubSub,
 };
 
-/// A lock client over one Redis server: one multiplexed, self-reconnecting RESP3 connection that
-/// carries commands and release notifications. Cheap to clone (clones share the connection).
+/// A lock client over one Redis deployment: a single server ([`RedisBackend::connect`]), a Redis
+/// Cluster ([`RedisBackend::connect_cluster`]) or the master Sentinel names
+/// ([`RedisBackend::connect_sentinel`]). One multiplexed, self-reconnecting RESP3 connection (per
+/// node on Cluster) carries commands and release notifications. Cheap to clone (clones share the
+/// connection).
 ///
 /// Efficiency grade: Redis replicates asynchronously and expires keys by its own clock, so a
 /// failover or a restart without persistence can forget a lock (two holders) and reset the
 /// fencing counter (tokens can go backwards). Use etcd or ZooKeeper for `Correctness`.
 #[derive(Clone)]
 pub struct RedisBackend {
-    conn: ConnectionManager,
+    conn: Conn,
     notifier: Arc<Notifier>,
     options: RedisOptions,
     server: String,
@@ -63,42 +66,128 @@ pub(crate) enum Attempt {
 }
 
 impl RedisBackend {
-    /// Connects to `url` (`redis://[user:password@]host:port[/db]`, `rediss://` for TLS).
+    /// Connects to `topology`: [`RedisBackend::connect`], [`RedisBackend::connect_cluster`] or
+    /// [`RedisBackend::connect_sentinel`].
+    ///
+    /// # Errors
+    /// Those of the constructor it calls.
+    pub async fn connect_to(topology: &RedisTopology, options: RedisOptions) -> Result<Self> {
+        match topology {
+            RedisTopology::Single(url) => Self::connect(url, options).await,
+            RedisTopology::Cluster(nodes) => Self::connect_cluster(nodes, options).await,
+            RedisTopology::Sentinel {
+                sentinels,
+                service,
+                node_auth,
+            } => Self::connect_sentinel(sentinels, service, node_auth.as_deref(), options).await,
+        }
+    }
+
+    /// Connects to one server at `url`: `redis://[user:password@]host:port[/db]`, or
+    /// `rediss://` for TLS (system roots, or [`RedisOptions::tls`]).
     ///
     /// # Errors
     /// `InvalidConfig` naming the URL (without its password) when it does not parse; a retryable
     /// backend error when the server cannot be reached within `connect_timeout`.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self> {
-        let info = url
-            .into_connection_info()
-            .map_err(|e| LockError::invalid_config("redis url", redact(url), e.to_string()))?;
+        let info = parse(url)?;
         let server = format!("redis {}", info.addr());
-        let redis_settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let info = info.set_redis_settings(redis_settings);
-        let client = redis::Client::open(info)
-            .map_err(|e| LockError::invalid_config("redis url", redact(url), e.to_string()))?;
         let notifier = Arc::new(Notifier::default());
-        let n = notifier.clone();
-        let config = ConnectionManagerConfig::new()
-            .set_push_sender(move |push| {
-                n.on_push(push);
-                Ok::<(), std::convert::Infallible>(())
-            })
-            .set_automatic_resubscription()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.op_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = timeout(
-            options.connect_timeout,
-            client.get_connection_manager_with_config(config),
+        let conn = connecting(&server, &options, Conn::single(info, &notifier, &options)).await?;
+        Ok(RedisBackend {
+            conn,
+            notifier,
+            options,
+            server,
+        })
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`redis://` or `rediss://` URLs).
+    /// A lock's key, fencing counter and channel share one hash tag, so every script runs on one
+    /// slot; renewals are batched per slot.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for an empty list or a URL that does not parse; a retryable backend error
+    /// when no node answers within `connect_timeout`.
+    pub async fn connect_cluster(nodes: &[String], options: RedisOptions) -> Result<Self> {
+        let infos = nodes.iter().map(|u| parse(u)).collect::<Result<Vec<_>>>()?;
+        if infos.is_empty() {
+            return Err(LockError::invalid_config(
+                "redis cluster nodes",
+                "[]",
+                "name at least one node",
+            ));
+        }
+        let server = format!(
+            "redis cluster {}",
+            infos
+                .iter()
+                .map(|i| i.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let notifier = Arc::new(Notifier::default());
+        let conn = connecting(&server, &options, Conn::cluster(infos, &notifier, &options)).await?;
+        Ok(RedisBackend {
+            conn,
+            notifier,
+            options,
+            server,
+        })
+    }
+
+    /// Connects to the master that the Sentinels at `sentinels` name for `service`, and follows
+    /// it: when the master refuses writes (demoted) or goes away, Sentinel is asked again and
+    /// the client (with its release subscriptions) moves to the new master. `node_auth`, when
+    /// given, is a `redis://user:password@` URL whose credentials are used on the data nodes.
+    ///
+    /// A failover can still forget held locks (asynchronous replication): see
+    /// [`RedisOptions::min_replicas`] for the best-effort mitigation.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for an empty list, a URL that does not parse or an empty service name; a
+    /// retryable backend error when no Sentinel (or master) answers within `connect_timeout`.
+    pub async fn connect_sentinel(
+        sentinels: &[String],
+        service: &str,
+        node_auth: Option<&str>,
+        options: RedisOptions,
+    ) -> Result<Self> {
+        let infos = sentinels
+            .iter()
+            .map(|u| parse(u))
+            .collect::<Result<Vec<_>>>()?;
+        if infos.is_empty() {
+            return Err(LockError::invalid_config(
+                "redis sentinels",
+                "[]",
+                "name at least one sentinel",
+            ));
+        }
+        if service.is_empty() {
+            return Err(LockError::invalid_config(
+                "redis sentinel service",
+                "\"\"",
+                "name the monitored master",
+            ));
+        }
+        let node = node_auth.map(parse).transpose()?;
+        let server = format!(
+            "redis sentinel {} ({})",
+            service,
+            infos
+                .iter()
+                .map(|i| i.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let notifier = Arc::new(Notifier::default());
+        let conn = connecting(
+            &server,
+            &options,
+            Conn::sentinel(infos, service, node, &notifier, &options),
         )
-        .await
-        .map_err(|_| LockError::backend(server.clone(), true, "connect timed out"))?
-        .map_err(|e| redis_error(&server, e))?;
+        .await?;
         Ok(RedisBackend {
             conn,
             notifier,
@@ -161,12 +250,45 @@ impl RedisBackend {
                     .invoke_async(&mut conn),
             )
             .await;
+        let outcome = match outcome {
+            Ok((1, token)) => self
+                .replicated(keys)
+                .await
+                .map(|()| Attempt::Granted(token.max(0) as u64)),
+            Ok((_, pttl_ms)) => Ok(Attempt::Busy { pttl_ms }),
+            Err(e) => Err(e),
+        };
+        // Disarmed only when the outcome is known: a failed WAIT also releases the grant.
         guard.armed = outcome.is_err();
         drop(guard);
-        match outcome? {
-            (1, token) => Ok(Attempt::Granted(token.max(0) as u64)),
-            (_, pttl_ms) => Ok(Attempt::Busy { pttl_ms }),
+        outcome
+    }
+
+    /// With [`RedisOptions::min_replicas`], waits for that many replicas to acknowledge the
+    /// grant (`WAIT` on the connection that carried it).
+    async fn replicated(&self, keys: &LockKeys) -> Result<()> {
+        let wanted = self.options.min_replicas;
+        if wanted == 0 {
+            return Ok(());
         }
+        let acked = self
+            .with_timeout(self.conn.wait_replicas(
+                slot(&keys.lock),
+                wanted,
+                self.options.replica_timeout,
+            ))
+            .await?;
+        if acked >= wanted {
+            return Ok(());
+        }
+        Err(LockError::backend(
+            self.server.clone(),
+            true,
+            format!(
+                "only {acked} of {wanted} replicas acknowledged the lock within {:?}; released",
+                self.options.replica_timeout
+            ),
+        ))
     }
 
     pub(crate) async fn release_keys(&self, keys: &LockKeys, secret: &OwnerSecret) -> Result<bool> {
@@ -181,6 +303,22 @@ impl RedisBackend {
             )
             .await?;
         Ok(n == 1)
+    }
+
+    async fn renew_group(
+        &self,
+        batch: &[(&GrantKey, Duration)],
+        members: &[usize],
+    ) -> Result<Vec<i64>> {
+        let mut call = scripts::RENEW.prepare_invoke();
+        for i in members {
+            let (key, ttl) = batch[*i];
+            call.key(&key.resource)
+                .arg(key.secret.expose_hex())
+                .arg(ttl.as_millis().max(1) as u64);
+        }
+        let mut conn = self.conn.clone();
+        self.with_timeout(call.invoke_async(&mut conn)).await
     }
 
     fn grant(
@@ -228,8 +366,25 @@ impl Drop for AttemptGuard<'_> {
     }
 }
 
+fn parse(url: &str) -> Result<ConnectionInfo> {
+    url.into_connection_info()
+        .map_err(|e| LockError::invalid_config("redis url", redact(url), e.to_string()))
+}
+
+/// Bounds connecting by `connect_timeout` and names the deployment in the error.
+async fn connecting(
+    server: &str,
+    options: &RedisOptions,
+    connect: impl Future<Output = redis::RedisResult<Conn>>,
+) -> Result<Conn> {
+    timeout(options.connect_timeout, connect)
+        .await
+        .map_err(|_| LockError::backend(server.to_string(), true, "connect timed out"))?
+        .map_err(|e| redis_error(server, e))
+}
+
 /// Hides the password of a URL before it goes into an error message.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://<redacted>@{}", &url[..s], &url[at + 1..]),
         _ => url.to_string(),
@@ -300,21 +455,49 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .with_timeout(
-                scripts::RENEW
-                    .key(&key.resource)
-                    .arg(key.secret.expose_hex())
-                    .arg(ttl.as_millis().max(1) as u64)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(if n == 1 {
-            Renewal::Renewed
-        } else {
-            Renewal::NotHeld
-        })
+        self.renew_batch(&[(key, ttl)])
+            .await
+            .pop()
+            .unwrap_or(Ok(Renewal::NotHeld))
+    }
+
+    /// One script call for the whole batch on a single server or Sentinel master; one per hash
+    /// slot (concurrently) on Cluster, where a script cannot span slots.
+    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, (key, _)) in batch.iter().enumerate() {
+            let group = match self.conn {
+                Conn::Cluster(_) => slot(&key.resource),
+                _ => 0,
+            };
+            match groups.iter_mut().find(|(s, _)| *s == group) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((group, vec![i])),
+            }
+        }
+        let calls = groups
+            .iter()
+            .map(|(_, members)| self.renew_group(batch, members));
+        let answers = futures_util::future::join_all(calls).await;
+        let mut out: Vec<Option<Result<Renewal>>> = (0..batch.len()).map(|_| None).collect();
+        for ((_, members), answer) in groups.iter().zip(answers) {
+            for (n, i) in members.iter().enumerate() {
+                out[*i] = Some(match &answer {
+                    Ok(flags) => Ok(match flags.get(n) {
+                        Some(1) => Renewal::Renewed,
+                        _ => Renewal::NotHeld,
+                    }),
+                    Err(e) => Err(LockError::backend(
+                        self.server.clone(),
+                        e.is_retryable(),
+                        e.to_string(),
+                    )),
+                });
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or(Ok(Renewal::NotHeld)))
+            .collect()
     }
 
     async fn release(&self, key: &GrantKey) -> Result<bool> {

@@ -11,6 +11,15 @@ pub struct RedisOptions {
     pub op_timeout: Duration,
     /// Connecting (and reconnecting) is cut off after this. Default 5 s.
     pub connect_timeout: Duration,
+    /// After each grant, `WAIT` until this many replicas have the lock, or fail the acquire
+    /// (releasing what was granted). Best effort, not consensus: a replica that acknowledged can
+    /// still lose the write, and a failover can still promote one that did not. Default 0 (off).
+    pub min_replicas: u32,
+    /// How long `WAIT` waits for `min_replicas`. Default 100 ms.
+    pub replica_timeout: Duration,
+    /// TLS material for `rediss://` servers with a private CA or client certificates; `None`
+    /// uses the system's roots. Default `None`.
+    pub tls: Option<RedisTls>,
 }
 
 impl Default for RedisOptions {
@@ -19,6 +28,75 @@ impl Default for RedisOptions {
             prefix: "distlock".to_string(),
             op_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            min_replicas: 0,
+            replica_timeout: Duration::from_millis(100),
+            tls: None,
+        }
+    }
+}
+
+/// TLS material for `rediss://`. The private key never appears in `Debug` output.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct RedisTls {
+    /// PEM of the CA that signed the servers' certificates (instead of the system's roots).
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM certificate and PEM private key of this client, for servers that verify clients.
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|_| "<pem>"))
+            .field(
+                "client_identity",
+                &self.client_identity.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// Which Redis deployment a [`crate::RedisBackend`] connects to.
+#[derive(Clone, PartialEq, Eq)]
+pub enum RedisTopology {
+    /// One server: `redis://[user:password@]host:port[/db]` or `rediss://` (TLS).
+    Single(String),
+    /// A Redis Cluster, reached through any of these nodes (`redis://` or `rediss://` URLs).
+    Cluster(Vec<String>),
+    /// The master that these Sentinels (`redis://host:port` URLs) name for `service`.
+    Sentinel {
+        /// The Sentinels.
+        sentinels: Vec<String>,
+        /// The monitored master's name.
+        service: String,
+        /// A `redis://user:password@` URL whose credentials the data nodes need, if any.
+        node_auth: Option<String>,
+    },
+}
+
+impl std::fmt::Debug for RedisTopology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hide = |urls: &[String]| {
+            urls.iter()
+                .map(|u| crate::backend::redact(u))
+                .collect::<Vec<_>>()
+        };
+        match self {
+            RedisTopology::Single(url) => f
+                .debug_tuple("Single")
+                .field(&crate::backend::redact(url))
+                .finish(),
+            RedisTopology::Cluster(nodes) => f.debug_tuple("Cluster").field(&hide(nodes)).finish(),
+            RedisTopology::Sentinel {
+                sentinels,
+                service,
+                node_auth,
+            } => f
+                .debug_struct("Sentinel")
+                .field("sentinels", &hide(sentinels))
+                .field("service", service)
+                .field("node_auth", &node_auth.as_ref().map(|_| "<redacted>"))
+                .finish(),
         }
     }
 }

@@ -42,6 +42,31 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key
+/// when it has none, modulo 16 384. Renewals are batched per slot with it.
+pub fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|b| *b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        rest.iter()
+            .position(|b| *b == b'}')
+            .filter(|close| *close > 0)
+            .map(|close| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for b in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(*b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
+}
+
 /// The keys of `name` under `prefix`.
 pub fn lock_keys(prefix: &str, name: &LockName) -> LockKeys {
     let encoded = name.encoded();
@@ -66,5 +91,14 @@ mod tests {
         // Pinned: the bucket function is part of the on-server format.
         assert_eq!(k.lock, "{distlock:833}:lock:orders%2F42");
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    }
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // Values from `CLUSTER KEYSLOT`.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{foo}:lock:x"), 12182);
+        assert_eq!(slot("{}foo"), slot("{}foo"));
+        assert_eq!(slot("123456789"), 0x31c3); // the CRC-16/XMODEM check value
     }
 }

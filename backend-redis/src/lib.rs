@@ -33,11 +33,12 @@
 
 mod backend;
 mod config;
+mod conn;
 pub mod keys;
 mod notify;
 pub mod redlock;
 pub mod scripts;
 
 pub use backend::{CAPABILITIES, RedisBackend};
-pub use config::{RedisOptions, RedlockOptions};
+pub use config::{RedisOptions, RedisTls, RedisTopology, RedlockOptions};
 pub use redlock::{REDLOCK_CAPABILITIES, RedlockBackend};

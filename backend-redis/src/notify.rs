@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
+
+use crate::conn::Conn;
 
 struct Channel {
     releases: watch::Sender<u64>,
@@ -38,20 +39,26 @@ impl Notifier {
             }
             // The connection dropped: a release may have been missed, so every waiter retries now
             // (the connection re-subscribes by itself when it comes back).
-            PushKind::Disconnection => {
-                for c in channels.values() {
-                    c.releases.send_modify(|n| *n += 1);
-                }
-            }
+            PushKind::Disconnection => wake(&channels),
             _ => {}
         }
+    }
+
+    /// Every waiter retries now (the connection moved to another server).
+    pub(crate) fn wake_all(&self) {
+        wake(&self.lock());
+    }
+
+    /// The channels someone waits on.
+    pub(crate) fn channels(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
     }
 
     /// Joins the waiters of `channel`, subscribing the connection if it is the first one.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         channel: &str,
-        conn: &ConnectionManager,
+        conn: &Conn,
     ) -> redis::RedisResult<Subscription> {
         let (releases, first) = {
             let mut channels = self.lock();
@@ -72,7 +79,7 @@ impl Notifier {
         };
         if first {
             // On error, `sub` drops and leaves the channel again.
-            conn.clone().subscribe(channel).await?;
+            conn.subscribe(channel).await?;
         }
         Ok(sub)
     }
@@ -82,8 +89,14 @@ impl Notifier {
 pub(crate) struct Subscription {
     notifier: Arc<Notifier>,
     channel: String,
-    conn: ConnectionManager,
+    conn: Conn,
     releases: watch::Receiver<u64>,
+}
+
+fn wake(channels: &HashMap<String, Channel>) {
+    for c in channels.values() {
+        c.releases.send_modify(|n| *n += 1);
+    }
 }
 
 impl Subscription {
@@ -115,7 +128,7 @@ impl Drop for Subscription {
             }
         };
         if last && let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (notifier, channel, mut conn) = (
+            let (notifier, channel, conn) = (
                 self.notifier.clone(),
                 self.channel.clone(),
                 self.conn.clone(),

@@ -106,6 +106,7 @@ impl RedlockBackend {
             prefix: options.prefix.clone(),
             op_timeout: options.node_timeout,
             connect_timeout: options.connect_timeout,
+            ..RedisOptions::default()
         };
         let mut nodes = Vec::with_capacity(urls.len());
         for url in urls {
@@ -166,6 +167,33 @@ impl RedlockBackend {
         .into_iter()
         .filter(|r| matches!(r, Ok(true)))
         .count()
+    }
+
+    /// One lease's renewal over all nodes: renewed on a majority, lost when a majority refused.
+    fn tally<'a>(
+        &self,
+        answers: impl Iterator<Item = Option<&'a Result<Renewal>>>,
+    ) -> Result<Renewal> {
+        let (mut renewed, mut refused) = (0, 0);
+        for answer in answers {
+            match answer {
+                Some(Ok(Renewal::Renewed)) => renewed += 1,
+                Some(Ok(Renewal::NotHeld)) => refused += 1,
+                _ => {}
+            }
+        }
+        if renewed >= self.quorum() {
+            Ok(Renewal::Renewed)
+        } else if refused > self.nodes.len() - self.quorum() {
+            // A majority can no longer be ours: the lock is gone.
+            Ok(Renewal::NotHeld)
+        } else {
+            Err(LockError::backend(
+                "redlock",
+                true,
+                format!("only {renewed} of {} nodes extended", self.nodes.len()),
+            ))
+        }
     }
 
     fn grant(&self, name: &LockName, secret: OwnerSecret, ttl: Duration, start: Instant) -> Grant {
@@ -247,34 +275,33 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        let results = join_all(self.nodes.iter().map(|n| {
-            let k = GrantKey {
-                resource: n.keys(&key.name).lock,
-                ..key.clone()
-            };
-            async move { n.renew(&k, ttl).await }
+        self.renew_batch(&[(key, ttl)])
+            .await
+            .pop()
+            .unwrap_or(Ok(Renewal::NotHeld))
+    }
+
+    /// One batched renewal per node (concurrently), then a majority count per lease.
+    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+        let per_node = join_all(self.nodes.iter().map(|n| async move {
+            let keys: Vec<GrantKey> = batch
+                .iter()
+                .map(|(k, _)| GrantKey {
+                    resource: n.keys(&k.name).lock,
+                    ..(*k).clone()
+                })
+                .collect();
+            let items: Vec<(&GrantKey, Duration)> = keys
+                .iter()
+                .zip(batch)
+                .map(|(k, (_, ttl))| (k, *ttl))
+                .collect();
+            n.renew_batch(&items).await
         }))
         .await;
-        let renewed = results
-            .iter()
-            .filter(|r| matches!(r, Ok(Renewal::Renewed)))
-            .count();
-        let refused = results
-            .iter()
-            .filter(|r| matches!(r, Ok(Renewal::NotHeld)))
-            .count();
-        if renewed >= self.quorum() {
-            Ok(Renewal::Renewed)
-        } else if refused > self.nodes.len() - self.quorum() {
-            // A majority can no longer be ours: the lock is gone.
-            Ok(Renewal::NotHeld)
-        } else {
-            Err(LockError::backend(
-                "redlock",
-                true,
-                format!("only {renewed} of {} nodes extended", self.nodes.len()),
-            ))
-        }
+        (0..batch.len())
+            .map(|i| self.tally(per_node.iter().map(|answers| answers.get(i))))
+            .collect()
     }
 
     async fn release(&self, key: &GrantKey) -> Result<bool> {

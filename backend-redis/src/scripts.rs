@@ -30,16 +30,23 @@ return {0, redis.call('PTTL', KEYS[1])}
     )
 });
 
-/// KEYS: lock. ARGV: secret, ttl ms. PEXPIRE only if ours; never creates the key.
-/// Returns 1 if renewed, 0 if not ours (expired, taken or released).
+/// KEYS: lock 1..n. ARGV: secret 1, ttl ms 1, ..., secret n, ttl ms n.
+/// PEXPIREs each lock that is still ours; never creates a key. Returns one 1 (renewed) or 0 (not
+/// ours: expired, taken or released) per key. One call renews every lease a watchdog tick finds
+/// due (all in one hash slot on Cluster), so renewal traffic does not grow with the lease count.
 pub static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local cur = redis.call('GET', KEYS[1])
-if cur and string.sub(cur, 1, 33) == ARGV[1] .. ':' then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local cur = redis.call('GET', key)
+  if cur and string.sub(cur, 1, 33) == ARGV[2 * i - 1] .. ':' then
+    out[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
+  else
+    out[i] = 0
+  end
 end
-return 0
+return out
 "#,
     )
 });

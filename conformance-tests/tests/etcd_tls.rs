@@ -1,94 +1,15 @@
 //! etcd over TLS: a CA and a server certificate made with `openssl`, a member serving clients
 //! over HTTPS, and a client that trusts the CA through the facade URL.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient};
 use distlock_conformance::harness::{EtcdCluster, TempDir, TlsFiles};
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl is installed (package openssl)");
-    assert!(status.success(), "openssl {args:?} failed");
-}
-
-fn make_certs(dir: &Path) -> TlsFiles {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=distlock-test-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.pem",
-        ],
-    );
-    TlsFiles {
-        ca: dir.join("ca.pem"),
-        cert: dir.join("server.pem"),
-        key: dir.join("server.key"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_over_tls_and_plain_text_is_refused() {
     let dir = TempDir::new("etcd-tls").expect("temp dir");
-    let files = make_certs(dir.path());
+    let files = TlsFiles::generate(dir.path()).expect("certificates");
     let f = files.clone();
     let etcd =
         tokio::task::spawn_blocking(move || EtcdCluster::start_tls(1, &f).expect("etcd with TLS"))

@@ -20,11 +20,20 @@ pub enum BackendSpec {
         /// The store name (empty for the default store).
         store: String,
     },
-    /// `redis://[user:password@]host:port[/db][?prefix=..&op_timeout=..&connect_timeout=..]`.
+    /// One Redis deployment:
+    /// * `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS): one server;
+    /// * `redis+cluster://[user:password@]h1:p1,h2:p2,...` (`rediss+cluster://` for TLS): a Redis
+    ///   Cluster reached through any of the nodes;
+    /// * `redis+sentinel://[user:password@]s1:p1,s2:p2/<service>`: the master the Sentinels name
+    ///   for `<service>` (the credentials are the data nodes').
+    ///
+    /// Options: `prefix`, `op_timeout`, `connect_timeout`, `min_replicas` (`WAIT` for that many
+    /// replicas after each grant), `replica_timeout`, and for TLS `ca=<pem path>` (plus `cert=`
+    /// and `key=` for a client certificate).
     #[cfg(feature = "redis")]
     Redis {
-        /// The URL handed to the redis client (our own options removed).
-        url: String,
+        /// Where (our own options removed from the URLs).
+        topology: distlock_redis::RedisTopology,
         /// Backend options.
         options: distlock_redis::RedisOptions,
     },
@@ -63,9 +72,9 @@ impl std::fmt::Debug for BackendSpec {
                 f.debug_struct("Memory").field("store", store).finish()
             }
             #[cfg(feature = "redis")]
-            BackendSpec::Redis { url, options } => f
+            BackendSpec::Redis { topology, options } => f
                 .debug_struct("Redis")
-                .field("url", &redact(url))
+                .field("topology", topology)
                 .field("options", options)
                 .finish(),
             #[cfg(feature = "redis")]
@@ -94,7 +103,7 @@ impl std::fmt::Debug for BackendSpec {
 pub fn known_schemes() -> Vec<&'static str> {
     let mut s = vec!["memory"];
     if cfg!(feature = "redis") {
-        s.push("redis");
+        s.extend(REDIS_SCHEMES);
         s.push("redlock");
     }
     if cfg!(feature = "etcd") {
@@ -105,6 +114,16 @@ pub fn known_schemes() -> Vec<&'static str> {
     }
     s
 }
+
+/// The schemes of a single Redis deployment.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+const REDIS_SCHEMES: [&str; 5] = [
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+];
 
 /// Hides the password of `scheme://user:password@...` and of a `password=` query parameter.
 pub fn redact(url: &str) -> String {
@@ -242,6 +261,33 @@ fn take_duration(
     Ok(())
 }
 
+/// The TLS files options `ca`, `cert` and `key` (cert and key go together), read from disk.
+#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
+#[allow(clippy::type_complexity)]
+fn tls_files(
+    options: &mut BTreeMap<String, String>,
+    opt_key: &dyn Fn(&str) -> String,
+) -> Result<(Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>)>), ConfigError> {
+    let read = |name: &str, path: &str| {
+        std::fs::read(path)
+            .map_err(|e| ConfigError::invalid(opt_key(name), path, format!("cannot read: {e}")))
+    };
+    let ca = take(options, "ca").map(|p| read("ca", &p)).transpose()?;
+    let identity = match (take(options, "cert"), take(options, "key")) {
+        (Some(c), Some(k)) => Some((read("cert", &c)?, read("key", &k)?)),
+        (None, None) => None,
+        (c, _) => {
+            let missing = if c.is_some() { "key" } else { "cert" };
+            return Err(ConfigError::invalid(
+                opt_key(missing),
+                "",
+                "cert and key go together",
+            ));
+        }
+    };
+    Ok((ca, identity))
+}
+
 fn no_leftovers(key: &str, options: &BTreeMap<String, String>) -> Result<(), ConfigError> {
     match options.iter().next() {
         Some((k, v)) => Err(ConfigError::invalid(
@@ -276,7 +322,7 @@ impl BackendSpec {
                 store: parts.hosts.to_string(),
             },
             #[cfg(feature = "redis")]
-            "redis" => {
+            scheme if REDIS_SCHEMES.contains(&scheme) => {
                 let mut o = distlock_redis::RedisOptions::default();
                 if let Some(v) = take(&mut options, "prefix") {
                     o.prefix = v;
@@ -288,16 +334,79 @@ impl BackendSpec {
                     "connect_timeout",
                     &mut o.connect_timeout,
                 )?;
-                if parts.hosts.is_empty() || parts.hosts.contains(',') {
+                take_duration(
+                    &mut options,
+                    &options_base,
+                    "replica_timeout",
+                    &mut o.replica_timeout,
+                )?;
+                if let Some(v) = take(&mut options, "min_replicas") {
+                    o.min_replicas = v.parse().map_err(|_| {
+                        ConfigError::invalid(opt_key("min_replicas"), &v, "a whole number")
+                    })?;
+                }
+                let tls = scheme.starts_with("rediss");
+                let (ca, client_identity) = tls_files(&mut options, &opt_key)?;
+                if !tls && (ca.is_some() || client_identity.is_some()) {
                     return Err(ConfigError::invalid(
-                        key,
+                        opt_key("ca"),
                         redact(url),
-                        "redis:// takes exactly one host[:port]",
+                        "TLS options need a rediss:// URL",
                     ));
                 }
-                let base = url.split_once('?').map_or(url, |(b, _)| b).to_string();
+                if tls && (ca.is_some() || client_identity.is_some()) {
+                    o.tls = Some(distlock_redis::RedisTls {
+                        ca_pem: ca,
+                        client_identity,
+                    });
+                }
+                let node_scheme = if tls { "rediss" } else { "redis" };
+                let auth = parts
+                    .user
+                    .as_ref()
+                    .map_or(String::new(), |(u, p)| format!("{u}:{p}@"));
+                let topology = match scheme {
+                    "redis+cluster" | "rediss+cluster" => distlock_redis::RedisTopology::Cluster(
+                        endpoints(key, url, parts.hosts)?
+                            .iter()
+                            .map(|h| format!("{node_scheme}://{auth}{h}"))
+                            .collect(),
+                    ),
+                    "redis+sentinel" => {
+                        let service = parts.path.trim_matches('/');
+                        if service.is_empty() {
+                            return Err(ConfigError::invalid(
+                                key,
+                                redact(url),
+                                "name the master: redis+sentinel://host:26379/<service>",
+                            ));
+                        }
+                        distlock_redis::RedisTopology::Sentinel {
+                            sentinels: endpoints(key, url, parts.hosts)?
+                                .iter()
+                                .map(|h| format!("redis://{h}"))
+                                .collect(),
+                            service: service.to_string(),
+                            node_auth: parts
+                                .user
+                                .as_ref()
+                                .map(|_| format!("redis://{auth}localhost")),
+                        }
+                    }
+                    _ => {
+                        if parts.hosts.is_empty() || parts.hosts.contains(',') {
+                            return Err(ConfigError::invalid(
+                                key,
+                                redact(url),
+                                format!("{scheme}:// takes exactly one host[:port]"),
+                            ));
+                        }
+                        let base = url.split_once('?').map_or(url, |(b, _)| b);
+                        distlock_redis::RedisTopology::Single(base.to_string())
+                    }
+                };
                 BackendSpec::Redis {
-                    url: base,
+                    topology,
                     options: o,
                 }
             }
@@ -384,34 +493,19 @@ impl BackendSpec {
                     "connect_timeout",
                     &mut o.connect_timeout,
                 )?;
-                if let Some(ca) = take(&mut options, "ca") {
-                    let read = |name: &str, path: &str| {
-                        std::fs::read(path).map_err(|e| {
-                            ConfigError::invalid(opt_key(name), path, format!("cannot read: {e}"))
-                        })
-                    };
-                    let client_identity =
-                        match (take(&mut options, "cert"), take(&mut options, "key")) {
-                            (Some(c), Some(k)) => Some((read("cert", &c)?, read("key", &k)?)),
-                            (None, None) => None,
-                            (c, _) => {
-                                let (name, value) = if c.is_some() {
-                                    ("key", String::new())
-                                } else {
-                                    ("cert", String::new())
-                                };
-                                return Err(ConfigError::invalid(
-                                    opt_key(name),
-                                    value,
-                                    "cert and key go together",
-                                ));
-                            }
-                        };
+                let (ca, client_identity) = tls_files(&mut options, &opt_key)?;
+                if let Some(ca_pem) = ca {
                     o.tls = Some(distlock_etcd::EtcdTls {
-                        ca_pem: read("ca", &ca)?,
+                        ca_pem,
                         client_identity,
                         domain: take(&mut options, "tls_domain"),
                     });
+                } else if client_identity.is_some() {
+                    return Err(ConfigError::invalid(
+                        opt_key("ca"),
+                        "",
+                        "a client certificate needs the server's CA (ca=<pem path>)",
+                    ));
                 }
                 let user = take(&mut options, "user").or(parts.user.as_ref().map(|u| u.0.clone()));
                 let password =
@@ -530,8 +624,8 @@ impl BackendSpec {
         Ok(match self {
             BackendSpec::Memory { store } => Arc::new(memory_store(store).client()),
             #[cfg(feature = "redis")]
-            BackendSpec::Redis { url, options } => {
-                Arc::new(distlock_redis::RedisBackend::connect(url, options.clone()).await?)
+            BackendSpec::Redis { topology, options } => {
+                Arc::new(distlock_redis::RedisBackend::connect_to(topology, options.clone()).await?)
             }
             #[cfg(feature = "redis")]
             BackendSpec::Redlock { urls, options } => {

@@ -86,6 +86,16 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
     /// Resets the TTL of a grant we still hold; never re-creates it.
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal>;
 
+    /// Renews many grants, each to its own TTL, with the fewest server calls the store allows
+    /// (the watchdog calls this once per tick for every lease that is due). Returns one outcome
+    /// per item, in order; a missing outcome counts as a failure to retry. Same promises as
+    /// [`LockBackend::renew`] for each item.
+    ///
+    /// The default renews each item with [`LockBackend::renew`], concurrently.
+    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+        futures_util::future::join_all(batch.iter().map(|(key, ttl)| self.renew(key, *ttl))).await
+    }
+
     /// Releases a grant; returns whether we still held it. Never touches another owner's lock.
     async fn release(&self, key: &GrantKey) -> Result<bool>;
 }

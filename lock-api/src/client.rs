@@ -13,7 +13,7 @@ use crate::lease::{Lease, LeaseShared, LeaseState};
 use crate::name::LockName;
 use crate::options::AcquireOptions;
 use crate::signal::lost_signal;
-use crate::watchdog;
+use crate::watchdog::{Watchdog, watch_session};
 
 /// Acquires leases from one backend. Cheap to clone; all clones share the backend client.
 ///
@@ -23,12 +23,16 @@ use crate::watchdog;
 #[derive(Debug, Clone)]
 pub struct LockClient {
     backend: Arc<dyn LockBackend>,
+    watchdog: Arc<Watchdog>,
 }
 
 impl LockClient {
     /// Wraps a backend.
     pub fn new(backend: Arc<dyn LockBackend>) -> Self {
-        LockClient { backend }
+        LockClient {
+            watchdog: Watchdog::new(backend.clone()),
+            backend,
+        }
     }
 
     /// The backend behind this client.
@@ -145,6 +149,7 @@ impl LockClient {
         hold_key: (usize, LockName),
     ) -> Lease {
         let (trigger, _) = lost_signal();
+        let member = self.watchdog.next_id();
         let shared = Arc::new(LeaseShared {
             backend: self.backend.clone(),
             key: grant.key,
@@ -157,21 +162,21 @@ impl LockClient {
             renew_gate: tokio::sync::Mutex::new(()),
             runtime: runtime.clone(),
             owner: opts.owner.clone().map(|o| (o, hold_key.clone())),
+            watchdog: self.watchdog.clone(),
+            member,
             state: Mutex::new(LeaseState {
                 ttl: grant.ttl,
                 deadline: grant.sent_at,
                 holds: 1,
                 released: false,
-                watchdog: None,
+                session_watch: None,
             }),
         });
         shared.state().deadline = shared.validity(grant.sent_at, grant.ttl);
-        let task = runtime.spawn(watchdog::supervise(
-            shared.clone(),
-            grant.sent_at,
-            grant.session,
-        ));
-        shared.state().watchdog = Some(task.abort_handle());
+        if let Some(session) = grant.session {
+            shared.state().session_watch = Some(watch_session(&runtime, &shared, session));
+        }
+        self.watchdog.join(member, &shared, grant.sent_at);
         if let Some(owner) = &opts.owner {
             owner.insert(hold_key, &shared);
         }

@@ -16,6 +16,7 @@ use crate::name::LockName;
 use crate::options::LeaseMode;
 use crate::owner::Owner;
 use crate::signal::{LostSignal, LostTrigger};
+use crate::watchdog::Watchdog;
 
 /// State shared by every guard of one grant (re-entrant acquires share it) and its watchdog.
 pub(crate) struct LeaseShared {
@@ -32,6 +33,9 @@ pub(crate) struct LeaseShared {
     /// The runtime the lease was acquired on: Drop spawns its background release there.
     pub(crate) runtime: Handle,
     pub(crate) owner: Option<(Owner, (usize, LockName))>,
+    /// The client's watchdog, and this lease's id in it.
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) member: u64,
     pub(crate) state: Mutex<LeaseState>,
 }
 
@@ -40,7 +44,8 @@ pub(crate) struct LeaseState {
     pub(crate) deadline: Instant,
     pub(crate) holds: usize,
     pub(crate) released: bool,
-    pub(crate) watchdog: Option<AbortHandle>,
+    /// The task that fires the lost signal when the backend session dies (etcd, ZooKeeper).
+    pub(crate) session_watch: Option<AbortHandle>,
 }
 
 impl LeaseShared {
@@ -96,10 +101,11 @@ impl LeaseShared {
             return false;
         }
         st.released = true;
-        if let Some(w) = st.watchdog.take() {
+        if let Some(w) = st.session_watch.take() {
             w.abort();
         }
         drop(st);
+        self.watchdog.leave(self.member);
         if let Some((owner, key)) = &self.owner {
             owner.forget(key, self);
         }

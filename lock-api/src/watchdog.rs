@@ -1,89 +1,311 @@
-//! The generic watchdog: one task per grant that renews it and fires its lost signal.
+//! The generic watchdog: one task per client (not per lease) renews every lease that is due in
+//! one batched backend call ([`LockBackend::renew_batch`]) and fires lost signals at validity
+//! deadlines.
 //!
-//! It runs for every lease, with or without auto-renewal, because the lost signal must fire at
-//! the validity deadline even when nobody renews. Rules:
-//! * renewal every `renew_every` (TTL / 3 by default), measured from the last renewal *sent*;
-//! * a renewal answered "not yours" fires the lost signal at once and stops;
+//! Rules:
+//! * a lease is renewed every `renew_every` (TTL / 3 by default), measured from the last renewal
+//!   *sent*; when one lease is due, every lease due within half its own period joins the same
+//!   call, so leases taken close together settle on one call per tick;
+//! * a renewal answered "not yours" fires that lease's lost signal at once;
 //! * a failed renewal is retried (period / 4) until the validity deadline, where the signal
-//!   fires; each attempt is cut off at the deadline so a hung server cannot delay it;
-//! * a backend session death (etcd lease, ZooKeeper session) fires it at once;
-//! * release aborts the task before it touches the backend (see `Lease::release`).
+//!   fires; the call is cut off at the earliest deadline of its batch so a hung server cannot
+//!   hold a release back;
+//! * renewals run in their own task, so deadlines keep firing on time while a call hangs;
+//! * release removes the lease before it touches the backend, and waits for a renewal already in
+//!   flight (the lease's renew gate), so no renewal follows a release.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use crate::backend::Renewal;
-use crate::error::LostReason;
+use crate::backend::{GrantKey, LockBackend, Renewal};
+use crate::error::{LockError, LostReason};
 use crate::lease::LeaseShared;
-use crate::signal::LostSignal;
+use crate::options::LeaseMode;
 
 /// The shortest pause between two failed renewal attempts.
 const MIN_RETRY: Duration = Duration::from_millis(10);
 
-pub(crate) async fn supervise(
-    shared: Arc<LeaseShared>,
-    sent_at: Instant,
-    session: Option<LostSignal>,
-) {
-    let first_period = shared.renew_period(shared.state().ttl);
-    let mut next_renew = first_period.map(|p| sent_at + p);
-    loop {
+/// The renewal and deadline scheduler of one [`crate::LockClient`] (shared by its clones).
+pub(crate) struct Watchdog {
+    backend: Arc<dyn LockBackend>,
+    members: Mutex<Members>,
+    /// Wakes the task when a lease needs it earlier than it planned, or when a batch ends.
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct Members {
+    next_id: u64,
+    map: HashMap<u64, Member>,
+    task: Option<JoinHandle<()>>,
+    /// When the task will wake by itself (`None`: only when notified).
+    sleeping_until: Option<Instant>,
+}
+
+struct Member {
+    lease: Weak<LeaseShared>,
+    /// The next renewal; `None` for a fixed lease.
+    due: Option<Instant>,
+    /// The deadline last seen; the lease's own state is the truth (a manual renewal moves it).
+    deadline: Instant,
+    in_flight: bool,
+}
+
+impl Member {
+    fn next_wake(&self) -> Instant {
+        match self.due {
+            Some(due) if !self.in_flight => due.min(self.deadline),
+            _ => self.deadline,
+        }
+    }
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchdog")
+            .field("leases", &self.members().map.len())
+            .finish()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // The task holds only a weak reference: wake it so it sees the client is gone.
+        self.wake.notify_one();
+    }
+}
+
+impl Watchdog {
+    pub(crate) fn new(backend: Arc<dyn LockBackend>) -> Arc<Self> {
+        Arc::new(Watchdog {
+            backend,
+            members: Mutex::new(Members::default()),
+            wake: Arc::new(Notify::new()),
+        })
+    }
+
+    fn members(&self) -> MutexGuard<'_, Members> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A fresh member id, taken before the lease exists so the lease can carry it.
+    pub(crate) fn next_id(&self) -> u64 {
+        let mut m = self.members();
+        m.next_id += 1;
+        m.next_id
+    }
+
+    /// Starts watching `lease`; its first renewal is due one period after `sent_at`.
+    pub(crate) fn join(self: &Arc<Self>, id: u64, lease: &Arc<LeaseShared>, sent_at: Instant) {
         let (deadline, ttl) = {
-            let st = shared.state();
+            let st = lease.state();
             (st.deadline, st.ttl)
         };
-        let session_lost = async {
-            match &session {
-                Some(s) => s.wait().await,
-                None => std::future::pending().await,
-            }
+        let member = Member {
+            lease: Arc::downgrade(lease),
+            due: lease.renew_period(ttl).map(|p| sent_at + p),
+            deadline,
+            in_flight: false,
         };
-        tokio::select! {
-            _ = sleep_until(deadline) => {
-                if shared.state().deadline > deadline {
-                    continue; // a manual renewal moved the deadline
+        let wake_at = member.next_wake();
+        let mut m = self.members();
+        m.map.insert(id, member);
+        if m.task.as_ref().is_none_or(JoinHandle::is_finished) {
+            // First lease, or the runtime that ran the task is gone: run it on this lease's.
+            m.task = Some(
+                lease
+                    .runtime
+                    .spawn(run(Arc::downgrade(self), self.wake.clone())),
+            );
+        }
+        if m.sleeping_until.is_none_or(|t| wake_at < t) {
+            m.sleeping_until = Some(wake_at);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Stops watching a lease (released): it is never renewed again.
+    pub(crate) fn leave(&self, id: u64) {
+        self.members().map.remove(&id);
+    }
+
+    /// Fires the deadlines that passed, starts the renewals that are due, and says when to wake
+    /// next.
+    fn tick(self: &Arc<Self>) -> Option<Instant> {
+        let now = Instant::now();
+        let mut lost = Vec::new();
+        let mut batch = Vec::new();
+        let mut any_due = false;
+        let mut m = self.members();
+        m.map.retain(|id, member| {
+            let Some(lease) = member.lease.upgrade() else {
+                return false;
+            };
+            if lease.lost.fired().is_some() {
+                return false;
+            }
+            if member.deadline <= now {
+                member.deadline = lease.state().deadline;
+                if member.deadline <= now {
+                    lost.push(lease);
+                    return false;
                 }
-                let reason = if next_renew.is_some() {
-                    LostReason::RenewalFailed
-                } else {
-                    LostReason::Expired
-                };
-                shared.mark_lost(reason);
-                return;
             }
-            reason = session_lost => {
-                shared.mark_lost(reason);
-                return;
+            if let Some(due) = member.due
+                && !member.in_flight
+            {
+                let period = lease.renew_period(lease.state().ttl).unwrap_or_default();
+                any_due |= due <= now;
+                if due <= now + period / 2 {
+                    batch.push((*id, lease));
+                }
             }
-            _ = sleep_until(next_renew.unwrap_or(deadline)), if next_renew.is_some() => {
-                let period = shared.renew_period(ttl).unwrap_or(ttl / 3);
-                let sent = Instant::now();
-                let outcome = {
-                    let _gate = shared.renew_gate.lock().await;
-                    if shared.state().released {
-                        return;
+            true
+        });
+        if !any_due {
+            batch.clear();
+        }
+        for (id, _) in &batch {
+            if let Some(member) = m.map.get_mut(id) {
+                member.in_flight = true;
+            }
+        }
+        let next = m.map.values().map(Member::next_wake).min();
+        m.sleeping_until = next;
+        drop(m);
+        for lease in lost {
+            lease.mark_lost(match lease.mode {
+                LeaseMode::Watchdog { .. } => LostReason::RenewalFailed,
+                LeaseMode::Fixed => LostReason::Expired,
+            });
+        }
+        if !batch.is_empty() {
+            tokio::spawn(renew(self.clone(), batch));
+        }
+        next
+    }
+
+    /// Records the outcome of a batch for one member and lets the task plan again.
+    fn settle(&self, outcomes: Vec<(u64, Option<Instant>, Instant)>) {
+        let mut m = self.members();
+        for (id, due, deadline) in outcomes {
+            if let Some(member) = m.map.get_mut(&id) {
+                member.in_flight = false;
+                member.due = due;
+                member.deadline = deadline;
+            }
+        }
+        m.sleeping_until = None;
+        drop(m);
+        self.wake.notify_one();
+    }
+}
+
+/// The task: ticks while the client lives.
+async fn run(watchdog: Weak<Watchdog>, wake: Arc<Notify>) {
+    loop {
+        let next = match watchdog.upgrade() {
+            Some(w) => w.tick(),
+            None => return,
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = sleep_until(at) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+/// Renews one batch in one backend call.
+async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
+    // Leases being released or renewed by hand are skipped; their gate is busy.
+    let mut gates = Vec::with_capacity(batch.len());
+    let mut live = Vec::with_capacity(batch.len());
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for (id, lease) in &batch {
+        // Gate first, then look: a release that finished before the gate was taken is seen.
+        let gate = lease.renew_gate.try_lock();
+        let st = lease.state();
+        let (ttl, deadline, released) = (st.ttl, st.deadline, st.released);
+        drop(st);
+        match gate {
+            Ok(gate) if !released => {
+                gates.push(gate);
+                live.push((*id, lease, ttl, deadline));
+            }
+            _ => outcomes.push((*id, Some(Instant::now() + MIN_RETRY), deadline)),
+        }
+    }
+    if !live.is_empty() {
+        let items: Vec<(&GrantKey, Duration)> =
+            live.iter().map(|(_, l, ttl, _)| (&l.key, *ttl)).collect();
+        let cutoff = live
+            .iter()
+            .map(|(.., d)| *d)
+            .min()
+            .unwrap_or_else(Instant::now);
+        let sent = Instant::now();
+        let results = timeout_at(cutoff, watchdog.backend.renew_batch(&items))
+            .await
+            .unwrap_or_else(|_| Vec::new());
+        let mut failed = 0usize;
+        let mut first_error: Option<LockError> = None;
+        let mut results = results.into_iter();
+        for (id, lease, ttl, deadline) in live {
+            let period = lease.renew_period(ttl).unwrap_or(ttl / 3);
+            match results.next() {
+                Some(Ok(Renewal::Renewed)) => {
+                    lease.extend(sent, ttl);
+                    outcomes.push((id, Some(sent + period), lease.state().deadline));
+                }
+                Some(Ok(Renewal::NotHeld)) => {
+                    lease.mark_lost(LostReason::RenewalRefused);
+                    outcomes.push((id, None, deadline));
+                }
+                other => {
+                    failed += 1;
+                    if let Some(Err(e)) = other {
+                        first_error.get_or_insert(e);
                     }
-                    timeout_at(deadline, shared.backend.renew(&shared.key, ttl)).await
-                };
-                match outcome {
-                    Ok(Ok(Renewal::Renewed)) => {
-                        shared.extend(sent, ttl);
-                        next_renew = Some(sent + period);
-                    }
-                    Ok(Ok(Renewal::NotHeld)) => {
-                        shared.mark_lost(LostReason::RenewalRefused);
-                        return;
-                    }
-                    Ok(Err(error)) => {
-                        tracing::warn!(lock = %shared.key.name, backend = shared.backend.kind(), %error, "distlock renewal failed, retrying");
-                        next_renew = Some(Instant::now() + (period / 4).max(MIN_RETRY));
-                    }
-                    // The deadline came while the renewal hung: the next turn fires the signal.
-                    Err(_elapsed) => {}
+                    let retry = Instant::now() + (period / 4).max(MIN_RETRY);
+                    outcomes.push((id, Some(retry), deadline));
                 }
             }
         }
+        if failed > 0 {
+            let error =
+                first_error.map_or_else(|| "no answer in time".to_string(), |e| e.to_string());
+            tracing::warn!(backend = watchdog.backend.kind(), failed, %error, "distlock renewal failed, retrying");
+        }
     }
+    drop(gates);
+    watchdog.settle(outcomes);
+}
+
+/// Fires a lease's lost signal when the backend session that carries it dies (etcd lease,
+/// ZooKeeper session). Holds the lease weakly: a released lease aborts it.
+pub(crate) fn watch_session(
+    runtime: &Handle,
+    lease: &Arc<LeaseShared>,
+    session: crate::signal::LostSignal,
+) -> tokio::task::AbortHandle {
+    let lease = Arc::downgrade(lease);
+    runtime
+        .spawn(async move {
+            let reason = session.wait().await;
+            if let Some(lease) = lease.upgrade() {
+                lease.mark_lost(reason);
+            }
+        })
+        .abort_handle()
 }

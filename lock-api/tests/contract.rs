@@ -19,6 +19,7 @@ const TTL: Duration = Duration::from_secs(3);
 struct Probe {
     inner: MemoryBackend,
     renewals: AtomicUsize,
+    batches: AtomicUsize,
     caps: Capabilities,
 }
 
@@ -28,6 +29,7 @@ impl Probe {
         Arc::new(Probe {
             inner,
             renewals: AtomicUsize::new(0),
+            batches: AtomicUsize::new(0),
             caps,
         })
     }
@@ -55,6 +57,17 @@ impl LockBackend for Probe {
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> distlock_api::Result<Renewal> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(key, ttl).await
+    }
+    async fn renew_batch(
+        &self,
+        batch: &[(&GrantKey, Duration)],
+    ) -> Vec<distlock_api::Result<Renewal>> {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        let mut out = Vec::new();
+        for (key, ttl) in batch {
+            out.push(self.renew(key, *ttl).await);
+        }
+        out
     }
     async fn release(&self, key: &GrantKey) -> distlock_api::Result<bool> {
         self.inner.release(key).await
@@ -105,6 +118,7 @@ async fn dyn_backend_and_correctness_refusal() {
     let weak: Arc<dyn LockBackend> = Arc::new(Probe {
         inner: MemoryBackend::default(),
         renewals: AtomicUsize::new(0),
+        batches: AtomicUsize::new(0),
         caps,
     });
     let client = LockClient::new(weak);
@@ -145,6 +159,28 @@ async fn watchdog_keeps_the_lease_across_five_ttls() {
     assert!(lease.lost_reason().is_none());
     assert!(lease.remaining() > TTL / 2);
     assert!(lease.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_batched_renewal_per_tick_for_leases_taken_together() {
+    let store = MemoryStore::new();
+    let probe = Probe::new(store.client());
+    let client = LockClient::new(probe.clone());
+    let opts = AcquireOptions::with_ttl(TTL);
+    let mut leases = Vec::new();
+    for i in 0..100 {
+        leases.push(client.try_acquire(&format!("b{i}"), &opts).await.unwrap());
+        sleep(Duration::from_millis(2)).await; // spread over 200 ms, less than half a period
+    }
+    // Four ticks of TTL / 3 each.
+    sleep(TTL * 4 / 3 + Duration::from_millis(50)).await;
+    assert_eq!(probe.batches.load(Ordering::SeqCst), 4);
+    assert_eq!(probe.renewals.load(Ordering::SeqCst), 400);
+    assert!(leases.iter().all(|l| l.lost_reason().is_none()));
+    // A released lease leaves the batch at once.
+    leases.pop().unwrap().release().await.unwrap();
+    sleep(TTL / 3).await;
+    assert_eq!(probe.renewals.load(Ordering::SeqCst), 499);
 }
 
 #[tokio::test(start_paused = true)]

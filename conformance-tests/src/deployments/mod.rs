@@ -3,6 +3,7 @@
 pub mod etcd;
 pub mod memory;
 pub mod redis;
+pub mod redis_cluster;
 pub mod redlock;
 pub mod zk;
 
@@ -13,6 +14,7 @@ pub fn all() -> Vec<Factory> {
     vec![
         memory::FACTORY,
         redis::FACTORY,
+        redis_cluster::FACTORY,
         redlock::FACTORY,
         etcd::FACTORY,
         etcd::CLUSTER_FACTORY,

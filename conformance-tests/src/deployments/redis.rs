@@ -25,11 +25,13 @@ fn capabilities() -> Capabilities {
     distlock_redis::CAPABILITIES.clone()
 }
 
-fn options() -> RedisOptions {
+/// The options every client of the suite uses.
+pub fn options() -> RedisOptions {
     RedisOptions {
         prefix: "distlock-test".into(),
         op_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(2),
+        ..RedisOptions::default()
     }
 }
 

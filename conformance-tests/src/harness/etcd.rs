@@ -2,20 +2,7 @@
 
 use std::time::Duration;
 
-use std::path::PathBuf;
-
-use super::{HarnessError, ServerProcess, TempDir, ask, free_port, local, require};
-
-/// PEM files for serving TLS: the CA, and the server certificate and key it signed.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    /// CA certificate (for clients to trust).
-    pub ca: PathBuf,
-    /// Server certificate (valid for 127.0.0.1).
-    pub cert: PathBuf,
-    /// Server private key.
-    pub key: PathBuf,
-}
+use super::{HarnessError, ServerProcess, TempDir, TlsFiles, ask, free_port, local, require};
 
 const BINARY: &str = "/usr/bin/etcd";
 

@@ -14,6 +14,7 @@ mod holder;
 mod process;
 mod proxy;
 mod redis;
+mod tls;
 mod zookeeper;
 
 use std::io::{Read, Write};
@@ -22,11 +23,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use etcd::{EtcdCluster, TlsFiles};
+pub use etcd::EtcdCluster;
 pub use holder::{HolderProcess, holder_binary};
 pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};
-pub use redis::{RedisMasters, RedisServer};
+pub use redis::{RedisCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer};
+pub use tls::TlsFiles;
 pub use zookeeper::ZkEnsemble;
 
 /// Why a server could not be started.

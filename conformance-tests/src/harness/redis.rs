@@ -1,16 +1,22 @@
-//! redis-server, single or N independent masters (for Redlock).
+//! redis-server: single (optionally also serving TLS), N independent masters (Redlock), a
+//! 3-master Redis Cluster, a master with a replica behind a cuttable link, and Sentinel.
 
-use std::time::Duration;
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
 
-use super::{HarnessError, ServerProcess, TempDir, ask, free_port, local, require};
+use super::{
+    HarnessError, Proxy, ServerProcess, TempDir, TlsFiles, ask, free_port, local, require,
+};
 
 const BINARY: &str = "/usr/bin/redis-server";
+const CLI: &str = "/usr/bin/redis-cli";
 
 /// One redis-server on a free loopback port, without persistence (a restart comes back empty,
 /// which is the Redlock crash hazard the tests need).
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    tls_port: Option<u16>,
     process: ServerProcess,
     _dir: TempDir,
 }
@@ -18,13 +24,20 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts it and waits for `PONG`.
     pub fn start() -> Result<Self, HarnessError> {
+        Self::start_with(&[], None)
+    }
+
+    /// Starts it with extra `redis-server` arguments, and also serving TLS with `tls` on a port
+    /// of its own (the plain port stays, for the harness's readiness probe).
+    pub fn start_with(extra: &[&str], tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
         require(BINARY, "redis-server")?;
         let dir = TempDir::new("redis").map_err(|source| HarnessError::Io {
             server: "redis".into(),
             source,
         })?;
         let port = free_port();
-        let args = [
+        let tls_port = tls.map(|_| free_port());
+        let mut args: Vec<OsString> = [
             "--port",
             &port.to_string(),
             "--bind",
@@ -43,6 +56,19 @@ impl RedisServer {
         .iter()
         .map(Into::into)
         .collect();
+        if let (Some(t), Some(p)) = (tls, tls_port) {
+            let files = [&t.cert, &t.key, &t.ca];
+            for (flag, file) in ["--tls-cert-file", "--tls-key-file", "--tls-ca-cert-file"]
+                .iter()
+                .zip(files)
+            {
+                args.push(flag.into());
+                args.push(file.into());
+            }
+            args.extend(["--tls-port".into(), p.to_string().into()]);
+            args.extend(["--tls-auth-clients".into(), "no".into()]);
+        }
+        args.extend(extra.iter().map(Into::into));
         let process = ServerProcess::start(
             format!("redis-server :{port}"),
             BINARY.into(),
@@ -52,9 +78,20 @@ impl RedisServer {
         )?;
         Ok(RedisServer {
             port,
+            tls_port,
             process,
             _dir: dir,
         })
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` when it serves TLS.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port.map(|p| format!("rediss://127.0.0.1:{p}"))
+    }
+
+    /// Sends one command line (inline protocol) and returns the raw reply.
+    pub fn command(&self, line: &str) -> Option<String> {
+        command(self.port, line)
     }
 
     /// The port it listens on.
@@ -71,6 +108,30 @@ impl RedisServer {
     pub fn process(&self) -> &ServerProcess {
         &self.process
     }
+}
+
+fn command(port: u16, line: &str) -> Option<String> {
+    ask(
+        local(port),
+        format!("{line}\r\nQUIT\r\n").as_bytes(),
+        Duration::from_secs(2),
+    )
+}
+
+/// Polls `check` every 50 ms until it holds or `timeout` passes.
+fn wait_for(what: &str, timeout: Duration, check: impl Fn() -> bool) -> Result<(), HarnessError> {
+    let start = Instant::now();
+    while !check() {
+        if start.elapsed() > timeout {
+            return Err(HarnessError::NotReady {
+                server: what.to_string(),
+                after: timeout,
+                log: String::new(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 fn ping(port: u16) -> bool {
@@ -103,5 +164,176 @@ impl RedisMasters {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         format!("redlock://{}", hosts.join(","))
+    }
+}
+
+/// A Redis Cluster of N masters (no replicas), slots spread by `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The masters, in order.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `n` (at least 3) cluster-enabled servers, joins them and waits for
+    /// `cluster_state:ok` on every node.
+    pub fn start(n: usize) -> Result<Self, HarnessError> {
+        require(CLI, "redis-tools")?;
+        let nodes = (0..n)
+            .map(|_| {
+                RedisServer::start_with(
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "5000",
+                    ],
+                    None,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut cli = std::process::Command::new(CLI);
+        cli.arg("--cluster").arg("create");
+        cli.args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
+        cli.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = cli.output().map_err(|source| HarnessError::Io {
+            server: "redis-cli --cluster create".into(),
+            source,
+        })?;
+        if !out.status.success() {
+            return Err(HarnessError::NotReady {
+                server: "redis cluster".into(),
+                after: Duration::ZERO,
+                log: String::from_utf8_lossy(&out.stdout).into_owned(),
+            });
+        }
+        wait_for("redis cluster", Duration::from_secs(30), || {
+            nodes.iter().all(|n| {
+                n.command("CLUSTER INFO")
+                    .is_some_and(|r| r.contains("cluster_state:ok"))
+            })
+        })?;
+        Ok(RedisCluster { nodes })
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+/// A master and one replica whose replication link runs through a [`Proxy`], so a test can
+/// block replication (blackhole the link) and then fail over by hand (`REPLICAOF NO ONE`).
+#[derive(Debug)]
+pub struct RedisReplicated {
+    /// The master.
+    pub master: RedisServer,
+    /// The replica.
+    pub replica: RedisServer,
+    /// The replica's link to the master.
+    pub link: Proxy,
+}
+
+impl RedisReplicated {
+    /// Starts both and waits until the replica is in sync.
+    pub fn start() -> Result<Self, HarnessError> {
+        let master = RedisServer::start()?;
+        let link = Proxy::start(local(master.port)).map_err(|source| HarnessError::Io {
+            server: "replication proxy".into(),
+            source,
+        })?;
+        let link_port = link.addr().port().to_string();
+        let replica = RedisServer::start_with(
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &link_port,
+                "--repl-timeout",
+                "60",
+            ],
+            None,
+        )?;
+        wait_for("redis replica sync", Duration::from_secs(30), || {
+            replica
+                .command("INFO replication")
+                .is_some_and(|r| r.contains("master_link_status:up"))
+        })?;
+        Ok(RedisReplicated {
+            master,
+            replica,
+            link,
+        })
+    }
+}
+
+/// One Sentinel monitoring a master as `service` (quorum 1, down after 1 s).
+#[derive(Debug)]
+pub struct RedisSentinel {
+    port: u16,
+    process: ServerProcess,
+    _dir: TempDir,
+}
+
+impl RedisSentinel {
+    /// Starts it and waits until it knows the master.
+    pub fn start(service: &str, master_port: u16) -> Result<Self, HarnessError> {
+        require(BINARY, "redis-server")?;
+        let io = |source| HarnessError::Io {
+            server: "redis-sentinel".into(),
+            source,
+        };
+        let dir = TempDir::new("sentinel").map_err(io)?;
+        let port = free_port();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                 sentinel monitor {service} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {service} 1000\n\
+                 sentinel failover-timeout {service} 5000\n",
+                dir.path().display()
+            ),
+        )
+        .map_err(io)?;
+        let process = ServerProcess::start(
+            format!("redis-sentinel :{port}"),
+            BINARY.into(),
+            vec![conf.into(), "--sentinel".into()],
+            dir.path().join("sentinel.log"),
+            Box::new(move || ping(port)),
+        )?;
+        let service = service.to_string();
+        wait_for("redis sentinel", Duration::from_secs(30), || {
+            command(port, &format!("SENTINEL get-master-addr-by-name {service}"))
+                .is_some_and(|r| r.contains(&master_port.to_string()))
+        })?;
+        Ok(RedisSentinel {
+            port,
+            process,
+            _dir: dir,
+        })
+    }
+
+    /// `redis://127.0.0.1:<port>` of the Sentinel.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port of the master Sentinel names now, if it names one.
+    pub fn master_port(&self, service: &str) -> Option<u16> {
+        let reply = command(
+            self.port,
+            &format!("SENTINEL get-master-addr-by-name {service}"),
+        )?;
+        // *2 $9 127.0.0.1 $5 <port>
+        reply.lines().nth(4)?.trim().parse().ok()
+    }
+
+    /// The process, for faults.
+    pub fn process(&self) -> &ServerProcess {
+        &self.process
     }
 }

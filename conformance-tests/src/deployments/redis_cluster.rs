@@ -1,0 +1,162 @@
+//! Redis Cluster: three masters shared by the scenarios, and a cluster of its own for the
+//! scenario that kills servers. A client is cut by switching its own ACL user off on every node
+//! and killing its connections: a proxy cannot stand in front of a cluster client, which learns
+//! the nodes' real addresses from the cluster itself.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{Capabilities, LockBackend, LockName};
+use distlock_redis::{RedisBackend, keys::lock_keys};
+
+use super::redis::options;
+use crate::Factory;
+use crate::deployment::{Cut, Deployment, ServerFaults, kill_all, restart_all, shared_or_new};
+use crate::harness::RedisCluster;
+
+/// The Redis backend on a 3-master Redis Cluster.
+pub const FACTORY: Factory = Factory {
+    label: "redis_cluster",
+    capabilities: || distlock_redis::CAPABILITIES.clone(),
+    shared: || Box::pin(async { deploy(true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| Box::pin(async { deploy(false).await as Arc<dyn Deployment> })),
+};
+
+async fn deploy(shared: bool) -> Arc<ClusterDeployment> {
+    static SHARED: OnceLock<Arc<RedisCluster>> = OnceLock::new();
+    let cluster = shared_or_new(&SHARED, shared, || {
+        RedisCluster::start(3).unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await;
+    let admin = redis::cluster::ClusterClient::new(cluster.urls())
+        .expect("cluster urls")
+        .get_async_connection()
+        .await
+        .expect("admin connection");
+    Arc::new(ClusterDeployment {
+        cluster,
+        admin,
+        owns_servers: !shared,
+    })
+}
+
+/// A Redis Cluster deployment, and an admin connection that peeks at keys.
+pub struct ClusterDeployment {
+    cluster: Arc<RedisCluster>,
+    admin: redis::cluster_async::ClusterConnection,
+    owns_servers: bool,
+}
+
+impl ServerFaults for ClusterDeployment {
+    fn kill_all(&self) {
+        kill_all(self.cluster.nodes.iter().map(|n| n.process()));
+    }
+    fn restart_all(&self) {
+        restart_all(self.cluster.nodes.iter().map(|n| n.process()));
+    }
+}
+
+/// Cuts one client by its ACL user, on every node.
+struct AclCut {
+    cluster: Arc<RedisCluster>,
+    user: String,
+}
+
+impl AclCut {
+    fn on_every_node(&self, commands: &[String]) {
+        for node in &self.cluster.nodes {
+            for c in commands {
+                let reply = node.command(c).unwrap_or_default();
+                assert!(!reply.starts_with('-'), "{c}: {reply}");
+            }
+        }
+    }
+}
+
+impl Cut for AclCut {
+    fn cut(&self) {
+        self.on_every_node(&[
+            format!("ACL SETUSER {} off", self.user),
+            format!("CLIENT KILL USER {}", self.user),
+        ]);
+    }
+    fn restore(&self) {
+        self.on_every_node(&[format!("ACL SETUSER {} on", self.user)]);
+    }
+}
+
+#[async_trait]
+impl Deployment for ClusterDeployment {
+    fn label(&self) -> &'static str {
+        "redis_cluster"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        distlock_redis::CAPABILITIES.clone()
+    }
+
+    async fn client(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            RedisBackend::connect_cluster(&self.cluster.urls(), options())
+                .await
+                .expect("connect"),
+        )
+    }
+
+    async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let user = format!("cut{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let cut = AclCut {
+            cluster: self.cluster.clone(),
+            user: user.clone(),
+        };
+        cut.on_every_node(&[format!("ACL SETUSER {user} on >pw ~* &* +@all")]);
+        let urls: Vec<String> = self
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| format!("redis://{user}:pw@127.0.0.1:{}", n.port()))
+            .collect();
+        let client = RedisBackend::connect_cluster(&urls, options())
+            .await
+            .expect("connect as the cuttable user");
+        (Arc::new(client), Box::new(cut))
+    }
+
+    async fn artifacts(&self, name: &LockName) -> usize {
+        let key = lock_keys(&options().prefix, name).lock;
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut self.admin.clone())
+            .await
+            .expect("EXISTS");
+        n as usize
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    fn expiry_slack(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+
+    fn url(&self) -> Option<String> {
+        let hosts: Vec<String> = self
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        Some(format!(
+            "redis+cluster://{}?prefix=distlock-test&op_timeout=1s",
+            hosts.join(",")
+        ))
+    }
+
+    fn servers(&self) -> Option<&dyn ServerFaults> {
+        self.owns_servers.then_some(self as &dyn ServerFaults)
+    }
+}
