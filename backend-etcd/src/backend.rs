@@ -12,6 +12,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
     PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
+use futures_util::future::join_all;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::config::EtcdOptions;
@@ -33,6 +34,9 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 
 /// Pause between tries of a request that met an unavailable member.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// etcd's default `--max-txn-ops`: the most reads one renewal txn may carry.
+const MAX_TXN_OPS: usize = 128;
 
 /// How many times cleanup of our own key is tried before the session TTL is left to do it.
 const CLEANUP_TRIES: u32 = 3;
@@ -471,33 +475,77 @@ impl LockBackend for EtcdBackend {
 
     /// A keep-alive of the session lease, then a check that our key is still there: the lease
     /// TTL counts from this renewal's send time; a missing key or lease is "not held".
-    async fn renew(&self, key: &GrantKey, _ttl: Duration) -> Result<Renewal> {
-        let Some(lease) = lease_of(&key.resource) else {
-            return Ok(Renewal::NotHeld);
-        };
-        let Some(session) = self.session_of(lease).filter(|s| !s.is_lost()) else {
-            return Ok(Renewal::NotHeld);
-        };
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
+        self.renew_batch(&[(key, ttl)])
+            .await
+            .pop()
+            .unwrap_or(Ok(Renewal::NotHeld))
+    }
+
+    /// One keep-alive per session (a client has one), and the owner checks in as few read txns
+    /// as the server allows (`MAX_TXN_OPS` reads each), all at once. A lease is renewed when its
+    /// session is alive and its key still holds its secret.
+    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+        let mut sessions: Vec<(i64, Option<Arc<Session>>)> = Vec::new();
+        for (key, _) in batch {
+            if let Some(lease) = lease_of(&key.resource)
+                && !sessions.iter().any(|(l, _)| *l == lease)
+            {
+                sessions.push((lease, self.session_of(lease).filter(|s| !s.is_lost())));
+            }
+        }
         let deadline = Instant::now() + self.inner.options.op_timeout;
-        let (alive, resp) = tokio::join!(
-            timeout_at(deadline, session.refresh()),
-            self.call(|mut c| async move { c.get(key.resource.as_str(), None).await })
-        );
-        let alive = alive
-            .map_err(|_| {
-                LockError::backend(self.inner.endpoints.clone(), true, "keep-alive timed out")
-            })?
-            .map_err(|e| self.err(e))?;
-        let secret = key.secret.expose_hex();
-        let ours = resp?
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.value() == secret.as_bytes());
-        Ok(if alive && ours {
-            Renewal::Renewed
-        } else {
-            Renewal::NotHeld
-        })
+        let keep_alives = join_all(sessions.iter().map(|(_, session)| async move {
+            let Some(session) = session else {
+                return Ok(false);
+            };
+            timeout_at(deadline, session.refresh())
+                .await
+                .map_err(|_| {
+                    LockError::backend(self.inner.endpoints.clone(), true, "keep-alive timed out")
+                })?
+                .map_err(|e| self.err(e))
+        }));
+        let chunks: Vec<_> = batch.chunks(MAX_TXN_OPS).collect();
+        let reads = join_all(chunks.iter().map(|chunk| {
+            self.call(move |mut c| {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|(k, _)| TxnOp::get(k.resource.as_str(), None))
+                    .collect();
+                async move { c.txn(Txn::new().and_then(ops)).await }
+            })
+        }));
+        let (alive, reads) = tokio::join!(keep_alives, reads);
+        let mut out = Vec::with_capacity(batch.len());
+        for (chunk, read) in chunks.iter().zip(reads) {
+            let answers = read.as_ref().map(|r| r.op_responses());
+            for (i, (key, _)) in chunk.iter().enumerate() {
+                let session = lease_of(&key.resource)
+                    .and_then(|l| sessions.iter().position(|(s, _)| *s == l))
+                    .map(|i| &alive[i]);
+                out.push(match (session, &answers) {
+                    (None, _) | (Some(Ok(false)), _) => Ok(Renewal::NotHeld),
+                    (Some(Err(e)), _) => Err(e.for_each_item()),
+                    (_, Err(e)) => Err(e.for_each_item()),
+                    (Some(Ok(true)), Ok(answers)) => {
+                        let ours = match answers.get(i) {
+                            Some(TxnOpResponse::Get(g)) => g
+                                .kvs()
+                                .first()
+                                .is_some_and(|kv| kv.value() == key.secret.expose_hex().as_bytes()),
+                            _ => false,
+                        };
+                        Ok(if ours {
+                            Renewal::Renewed
+                        } else {
+                            Renewal::NotHeld
+                        })
+                    }
+                });
+            }
+        }
+        out
     }
 
     /// Deletes our attempt key if it still holds our secret (never the session lease, which

@@ -487,11 +487,7 @@ impl LockBackend for RedisBackend {
                         Some(1) => Renewal::Renewed,
                         _ => Renewal::NotHeld,
                     }),
-                    Err(e) => Err(LockError::backend(
-                        self.server.clone(),
-                        e.is_retryable(),
-                        e.to_string(),
-                    )),
+                    Err(e) => Err(e.for_each_item()),
                 });
             }
         }

@@ -8,27 +8,38 @@
 //! * **Release** is compare-and-delete plus `PUBLISH` in one script; **renew** is
 //!   compare-and-`PEXPIRE`: renew never re-creates a missing key, release never deletes the next
 //!   holder's key.
+//! * **Watchdog renewals are batched**: the generic watchdog hands every lease due in a tick to
+//!   [`distlock_api::LockBackend::renew_batch`], which renews them all in one script call (one
+//!   per hash slot on Cluster), so 10 000 held leases cost one call per tick, not 10 000.
 //! * **Waiting**: a waiter subscribes to the name's release channel (one subscription per name per
 //!   client, carried as RESP3 pushes on the client's one connection), tries, and sleeps until a
 //!   release message or the holder's remaining TTL (plus jitter), whichever comes first.
 //! * **Key layout** ([`keys`]): lock key, bucket counter and channel share one hash tag; at most
 //!   1 024 counter keys per prefix ever, so names do not leak keys.
+//! * **Deployments** ([`RedisTopology`]): one server (`redis://`, `rediss://` with TLS, ACL user
+//!   and password in the URL), a Redis Cluster (every script stays in one slot thanks to the
+//!   hash tag), or the master Sentinel names (followed after a failover).
+//! * **Replica acknowledgement**: with [`RedisOptions::min_replicas`], each grant is followed by
+//!   `WAIT` on the same connection; fewer acknowledgements fail the acquire and release it.
 //!
 //! # Why only efficiency grade
 //! Redis acknowledges a write before its replicas have it, and expires keys by its own clock. A
 //! failover (or a restart without persistence) can forget a held lock, so two clients hold it,
-//! and can forget the fencing counter, so tokens go **backwards**. While the server keeps its
-//! data, tokens strictly increase per name. For money, use etcd or ZooKeeper; asking this backend
-//! for `Correctness` is refused with `LockError::Unsupported`.
+//! and can forget the fencing counter, so tokens go **backwards** (the test
+//! `redis_failover.rs` shows both). `WAIT` narrows the window but is not consensus: a replica
+//! that acknowledged can still lose the write, and Sentinel or Cluster can still promote one that
+//! did not. While the server keeps its data, tokens strictly increase per name. For money, use
+//! etcd or ZooKeeper; asking this backend for `Correctness` is refused with
+//! `LockError::Unsupported`.
 //!
 //! # Redlock
 //! [`RedlockBackend`] runs the Redlock algorithm over N independent masters with the same
 //! scripts; see [`redlock`] for its arithmetic and its hazards.
 //!
-//! # Not yet here
-//! Redis Cluster and Sentinel deployments, `WAIT` for replica acknowledgement, batched watchdog
-//! renewals, server-side re-entrancy and `DELEX IFEQ` on Redis 8.4+ are tracked in issue 4;
-//! re-entrancy is counted client-side by the generic [`distlock_api::Owner`].
+//! # Re-entrancy
+//! Counted client-side by the generic [`distlock_api::Owner`], the same on every backend: an
+//! owner that acquires a name it holds gets another guard with the same token and no server
+//! call; the acquire script also recognises its own secret (same token) when a reply was lost.
 #![deny(missing_docs)]
 
 mod backend;

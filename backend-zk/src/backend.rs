@@ -8,12 +8,19 @@ use distlock_api::{
     Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
     LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
+use futures_util::future::join_all;
 use tokio::time::{Instant, timeout};
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState, Stat};
+use zookeeper_client::{
+    Acls, Client, CreateMode, Error as ZkError, MultiReadResult, SessionState, Stat,
+};
 
 use crate::config::{NodeAcl, ZkOptions};
 use crate::paths::{LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, sequence};
 use crate::session::Epoch;
+
+/// The most reads one renewal multi-read carries, so its reply stays far below ZooKeeper's
+/// default 1 MB packet limit (about 110 bytes per node).
+const MULTI_READ_MAX: usize = 1_000;
 
 /// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
 /// (czxid), FIFO by sequence, client-side re-entrancy, watch wake-ups. The TTL is the session
@@ -82,8 +89,57 @@ impl ZkBackend {
                 epoch: tokio::sync::Mutex::new(None),
             }),
         };
+        backend.ensure_chroot().await?;
         backend.epoch().await?;
         Ok(backend)
+    }
+
+    /// A chroot (`host:port/app`) must exist before a client rooted in it can create anything:
+    /// create it, as Curator does for its namespace, from a client without the chroot.
+    async fn ensure_chroot(&self) -> Result<()> {
+        let Some((hosts, chroot)) = self.inner.connect.split_once('/') else {
+            return Ok(());
+        };
+        if chroot.trim_matches('/').is_empty() {
+            return Ok(());
+        }
+        let client = self.call(self.connector().connect(hosts)).await?;
+        let chroot = format!("/{}", chroot.trim_matches('/'));
+        self.create_path(&client, &chroot, CreateMode::Persistent)
+            .await
+    }
+
+    fn connector(&self) -> zookeeper_client::Connector {
+        let o = &self.inner.options;
+        let mut connector = Client::connector()
+            .with_session_timeout(o.session_timeout)
+            .with_connection_timeout(o.connect_timeout);
+        if let Some(digest) = &o.digest {
+            connector = connector.with_auth("digest", digest.as_bytes());
+        }
+        connector
+    }
+
+    /// Creates `path` and its missing ancestors (persistent), the last one with `mode`.
+    async fn create_path(&self, client: &Client, path: &str, mode: CreateMode) -> Result<()> {
+        let acls = self.acls();
+        let mut paths: Vec<(&str, CreateMode)> = path
+            .match_indices('/')
+            .skip(1)
+            .map(|(i, _)| (&path[..i], CreateMode::Persistent))
+            .collect();
+        paths.push((path, mode));
+        for (path, mode) in paths {
+            match self
+                .call(client.create(path, &[], &mode.with_acls(acls)))
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NodeExists)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     fn label(&self) -> String {
@@ -143,15 +199,10 @@ impl ZkBackend {
                 _ => {}
             }
         }
-        let o = &self.inner.options;
-        let mut connector = Client::connector()
-            .with_session_timeout(o.session_timeout)
-            .with_connection_timeout(o.connect_timeout);
-        if let Some(digest) = &o.digest {
-            connector = connector.with_auth("digest", digest.as_bytes());
-        }
-        let client = self.call(connector.connect(&self.inner.connect)).await?;
-        let next = Epoch::start(client, o.on_disconnect);
+        let client = self
+            .call(self.connector().connect(&self.inner.connect))
+            .await?;
+        let next = Epoch::start(client, self.inner.options.on_disconnect);
         *current = Some(next.clone());
         Ok(next)
     }
@@ -177,28 +228,9 @@ impl ZkBackend {
     }
 
     /// Creates the root and its ancestors (persistent) and the lock's container directory, where
-    /// missing. A chroot given in the connect string must already exist, as in ZooKeeper itself.
+    /// missing (a chroot was created at connect).
     async fn ensure_dir(&self, client: &Client, dir: &str) -> Result<()> {
-        let acls = self.acls();
-        let root = &self.inner.options.root;
-        let mut paths: Vec<(String, CreateMode)> = root
-            .match_indices('/')
-            .skip(1)
-            .map(|(i, _)| (root[..i].to_string(), CreateMode::Persistent))
-            .collect();
-        paths.push((root.clone(), CreateMode::Persistent));
-        paths.push((dir.to_string(), CreateMode::Container));
-        for (path, mode) in paths {
-            match self
-                .call(client.create(&path, &[], &mode.with_acls(acls)))
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NodeExists)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        self.create_path(client, dir, CreateMode::Container).await
     }
 
     /// Creates our ephemeral sequential node; returns its path and Stat (czxid). After a
@@ -498,17 +530,52 @@ impl LockBackend for ZkBackend {
 
     /// The session heartbeat is the renewal; this checks the session is alive and our node still
     /// holds our secret.
-    async fn renew(&self, key: &GrantKey, _ttl: Duration) -> Result<Renewal> {
-        if !owned_by(&key.resource, &key.secret) {
-            return Ok(Renewal::NotHeld);
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
+        self.renew_batch(&[(key, ttl)])
+            .await
+            .pop()
+            .unwrap_or(Ok(Renewal::NotHeld))
+    }
+
+    /// The session keeps every node alive; a renewal checks that each node still holds its
+    /// secret, with one multi-read per `MULTI_READ_MAX` nodes (all sent at once). A secret that
+    /// does not match its path is "not held" without a call.
+    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+        let epoch = match self.epoch().await {
+            Ok(e) => e,
+            Err(e) => return batch.iter().map(|_| Err(e.for_each_item())).collect(),
+        };
+        let checked: Vec<usize> = (0..batch.len())
+            .filter(|i| owned_by(&batch[*i].0.resource, &batch[*i].0.secret))
+            .collect();
+        let chunks: Vec<&[usize]> = checked.chunks(MULTI_READ_MAX).collect();
+        let reads = join_all(chunks.iter().map(|chunk| {
+            let mut reader = epoch.client.new_multi_reader();
+            let added = chunk
+                .iter()
+                .try_for_each(|i| reader.add_get_data(&batch[*i].0.resource));
+            async move {
+                added.map_err(|e| self.err(e))?;
+                self.call(reader.commit()).await
+            }
+        }))
+        .await;
+        let mut out: Vec<Result<Renewal>> = batch.iter().map(|_| Ok(Renewal::NotHeld)).collect();
+        for (chunk, read) in chunks.iter().zip(reads) {
+            for (n, i) in chunk.iter().enumerate() {
+                let secret = batch[*i].0.secret.expose_hex();
+                out[*i] = match &read {
+                    Err(e) => Err(e.for_each_item()),
+                    Ok(results) => Ok(match results.get(n) {
+                        Some(MultiReadResult::Data { data, .. }) if *data == secret.as_bytes() => {
+                            Renewal::Renewed
+                        }
+                        _ => Renewal::NotHeld,
+                    }),
+                };
+            }
         }
-        let epoch = self.epoch().await?;
-        match self.call(epoch.client.get_data(&key.resource)).await {
-            Ok((data, _)) if data == key.secret.expose_hex().as_bytes() => Ok(Renewal::Renewed),
-            Ok(_) => Ok(Renewal::NotHeld),
-            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => Ok(Renewal::NotHeld),
-            Err(e) => Err(e),
-        }
+        out
     }
 
     /// Deletes our node. A secret that does not match the path is refused without a server call.

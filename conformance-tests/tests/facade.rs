@@ -78,15 +78,12 @@ async fn a_lone_redis_backend_has_no_correctness_profile() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_url_with_chroot_and_nested_root() {
     let zk = start(|| ZkEnsemble::start(1).expect("zookeeper")).await;
-    // A chroot must exist, as in ZooKeeper itself; the lock root below it is created on demand.
+    // Neither the chroot (nested) nor the lock root below it exists: both are created.
     let admin = zookeeper_client::Client::connect(&zk.connect_string())
         .await
         .expect("admin");
-    let open =
-        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
-    admin.create("/app", &[], &open).await.expect("chroot");
     let url = format!(
-        "zk://{}/app?root=/locks/nested&session_timeout=2s",
+        "zk://{}/apps/app?root=/locks/nested&session_timeout=2s",
         zk.connect_string()
     );
     let backend = distlock::connect(&url).await.expect("connects");
@@ -104,7 +101,7 @@ async fn zookeeper_url_with_chroot_and_nested_root() {
         lease.backend_key()
     );
     let children = admin
-        .list_children("/app/locks/nested/orders%2F1")
+        .list_children("/apps/app/locks/nested/orders%2F1")
         .await
         .expect("listed outside the chroot");
     assert_eq!(children.len(), 1);

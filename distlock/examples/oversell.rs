@@ -3,21 +3,33 @@
 //! 1. no lock: each pod reads the stock, then writes it back minus one; overlaps oversell;
 //! 2. a distributed lock around the read-modify-write: exactly 100 sold;
 //! 3. the lock, but pod 0 is paused (think GC) inside the critical section for longer than its
-//!    TTL: the lock passes to another pod, and pod 0 wakes up and writes a stale stock value;
+//!    lease: the lock can pass to another pod, and pod 0 wakes up and writes a stale stock value;
 //! 4. the same pause, with the write checked against the lease's fencing token: refused.
 //!
-//! Runs on the embedded in-memory backend; no server needed. Give a backend URL to run it on a
-//! real server: `cargo run -p distlock --example oversell -- redis://127.0.0.1:6379`.
+//! Runs on the embedded in-memory backend; no server needed. On a real server:
+//!
+//! ```sh
+//! cargo run -p distlock --example oversell -- --backend redis://127.0.0.1:6379
+//! cargo run -p distlock --example oversell -- --config distlock.toml   # + DISTLOCK_* variables
+//! DISTLOCK_BACKENDS__MAIN__URL=etcd://127.0.0.1:2379 cargo run -p distlock --example oversell -- --config /dev/null
+//! ```
+//!
+//! `--short` sells 20 units instead of 100 (what the tests run).
+//!
+//! On etcd and ZooKeeper the lock lives as long as the client's session, and an in-process pause
+//! of one task does not stop its client's keep-alive: there the unfenced row stays exact. A real
+//! process pause (SIGSTOP) stops the keep-alive too; the conformance suite shows that case.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock::{AcquireOptions, Fence, LockClient};
+use distlock::{Config, Fence, Locks};
 
 const PODS: usize = 8;
-const STOCK: u64 = 100;
 const TTL: Duration = Duration::from_millis(150);
-const PAUSE: Duration = Duration::from_millis(400);
+/// Past the lease's own validity, the pause lasts this much longer.
+const OVERSLEEP: Duration = Duration::from_millis(300);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -40,24 +52,32 @@ struct Outcome {
     rejected: u64,
 }
 
-async fn run(url: &str, mode: Mode) -> Result<(Outcome, u64), distlock::ConfigError> {
+async fn run(
+    config: &Config,
+    mode: Mode,
+    stock: u64,
+    name: &str,
+) -> Result<(Outcome, u64), distlock::ConfigError> {
     let db = Arc::new(Db::default());
-    *db.stock.lock().expect("stock") = STOCK;
+    *db.stock.lock().expect("stock") = stock;
     let mut pods = Vec::new();
     for pod in 0..PODS {
         let db = db.clone();
+        let name = name.to_string();
         // Every pod is its own client of the lock store, as separate processes would be.
-        let locks = LockClient::new(distlock::connect(url).await?);
+        let locks = Locks::from_config(config).await?;
         pods.push(tokio::spawn(async move {
             let mut out = Outcome::default();
-            // A paused process cannot renew: the lease is fixed, as the watchdog would be frozen too.
-            let opts = AcquireOptions::with_ttl(TTL).fixed();
             for round in 0.. {
                 let lease = match mode {
                     Mode::NoLock => None,
+                    // A paused process cannot renew: the lease is fixed, as a frozen watchdog.
                     _ => Some(
                         locks
-                            .acquire("stock:sku-42", &opts, Duration::from_secs(10))
+                            .efficiency(&name)
+                            .ttl(TTL)
+                            .fixed()
+                            .wait(Duration::from_secs(30))
                             .await
                             .expect("acquire"),
                     ),
@@ -70,9 +90,9 @@ async fn run(url: &str, mode: Mode) -> Result<(Outcome, u64), distlock::ConfigEr
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 let paused = matches!(mode, Mode::PausedUnfenced | Mode::PausedFenced)
                     && pod == 0
-                    && round == 3;
-                if paused {
-                    tokio::time::sleep(PAUSE).await;
+                    && round == 0;
+                if paused && let Some(l) = &lease {
+                    tokio::time::sleep(l.remaining() + OVERSLEEP).await;
                 }
                 let write = || *db.stock.lock().expect("stock") = seen - 1;
                 match (mode, &lease) {
@@ -113,14 +133,49 @@ async fn run(url: &str, mode: Mode) -> Result<(Outcome, u64), distlock::ConfigEr
     Ok((total, left))
 }
 
+/// Where the locks come from: a URL, a config file (+ environment), or a fresh in-memory store.
+enum Source {
+    Url(String),
+    File(PathBuf),
+    Memory,
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!("{problem}\nusage: oversell [--backend <url> | --config <file>] [--short]");
+    std::process::exit(2);
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
-    let url = std::env::args().nth(1);
-    let shown = url
-        .as_deref()
-        .map_or("memory (embedded)".to_string(), distlock::redact);
+    let mut source = Source::Memory;
+    let mut stock = 100;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--backend" => {
+                source = Source::Url(
+                    args.next()
+                        .unwrap_or_else(|| usage("--backend needs a URL")),
+                )
+            }
+            "--config" => {
+                source = Source::File(
+                    args.next()
+                        .unwrap_or_else(|| usage("--config needs a file"))
+                        .into(),
+                )
+            }
+            "--short" => stock = 20,
+            other => usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    let shown = match &source {
+        Source::Url(u) => distlock::redact(u),
+        Source::File(f) => format!("config {}", f.display()),
+        Source::Memory => "memory (embedded)".to_string(),
+    };
     println!(
-        "{PODS} pods sell from {STOCK} units (backend: {shown}, lock TTL {TTL:?}, pause {PAUSE:?})\n"
+        "{PODS} pods sell from {stock} units (backend: {shown}, lock TTL {TTL:?} or the backend's minimum, pause: the lease's validity + {OVERSLEEP:?})\n"
     );
     println!("| scenario | sold | final stock | stale writes rejected | verdict |");
     println!("|---|---:|---:|---:|---|");
@@ -136,21 +191,25 @@ async fn main() {
             "lock, holder paused past TTL, fenced write",
         ),
     ] {
-        // A fresh in-memory store per scenario, or the given server.
-        let target = url
-            .clone()
-            .unwrap_or_else(|| format!("memory://oversell-{label}"));
-        let (o, left) = match run(&target, mode).await {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("cannot use {shown}: {e}");
-                std::process::exit(2);
-            }
+        let config = match &source {
+            Source::Url(u) => Ok(Config::for_url(u)),
+            Source::File(f) => Config::load(Some(f)),
+            // A fresh store per scenario.
+            Source::Memory => Ok(Config::for_url(&format!("memory://oversell-{label}"))),
         };
-        let verdict = match o.sold.cmp(&STOCK) {
-            std::cmp::Ordering::Greater => format!("OVERSOLD by {}", o.sold - STOCK),
+        let name = format!("stock:sku-42:{label}");
+        let result = match config {
+            Ok(c) => run(&c, mode, stock, &name).await,
+            Err(e) => Err(e),
+        };
+        let (o, left) = result.unwrap_or_else(|e| {
+            eprintln!("cannot use {shown}: {e}");
+            std::process::exit(2);
+        });
+        let verdict = match o.sold.cmp(&stock) {
+            std::cmp::Ordering::Greater => format!("OVERSOLD by {}", o.sold - stock),
             std::cmp::Ordering::Equal => "exact".to_string(),
-            std::cmp::Ordering::Less => format!("undersold by {}", STOCK - o.sold),
+            std::cmp::Ordering::Less => format!("undersold by {}", stock - o.sold),
         };
         println!(
             "| {label} | {} | {left} | {} | {verdict} |",

@@ -159,6 +159,21 @@ impl Config {
             .map_err(|e| ConfigError::Parse(Box::new(e)))
     }
 
+    /// One backend, named `main`, at `url`: it serves efficiency locks, and correctness locks
+    /// too when it can give them.
+    pub fn for_url(url: &str) -> Self {
+        Config {
+            backends: BTreeMap::from([(
+                "main".to_string(),
+                BackendConfig {
+                    url: url.to_string(),
+                    options: BTreeMap::new(),
+                },
+            )]),
+            ..Config::default()
+        }
+    }
+
     /// Parses a TOML string (no environment).
     ///
     /// # Errors

@@ -178,7 +178,7 @@ impl Locks {
     /// always with a fencing token the protected resource must check.
     pub fn correctness(&self, name: &str) -> Acquire<'_> {
         Acquire {
-            profile: self.correctness.as_ref().ok_or(()),
+            profile: self.correctness.as_ref().ok_or(&self.efficiency),
             name: name.to_string(),
             opts: self.defaults.clone().guarantee(Guarantee::Correctness),
         }
@@ -196,7 +196,8 @@ impl Locks {
 /// One call site's acquire, with the profile's defaults; adjust, then `try_now` or `wait`.
 #[derive(Debug)]
 pub struct Acquire<'a> {
-    profile: Result<&'a Profile, ()>,
+    /// The profile, or (for a correctness call without one) the efficiency profile's backend.
+    profile: Result<&'a Profile, &'a Profile>,
     name: String,
     opts: AcquireOptions,
 }
@@ -221,12 +222,17 @@ impl Acquire<'_> {
     }
 
     fn client(&self) -> Result<&LockClient, LockError> {
-        self.profile
-            .map(|p| &p.client)
-            .map_err(|()| LockError::Unsupported {
-                backend: "none",
-                what: "correctness: the configuration has no correctness profile".into(),
-            })
+        self.profile.map(|p| &p.client).map_err(|only| {
+            LockError::unsupported_guarantee(
+                only.client.backend().kind(),
+                Guarantee::Correctness,
+                &format!(
+                    "no correctness profile is configured and backend {:?} is efficiency grade; \
+                     name an etcd or zk backend as `correctness`",
+                    only.backend
+                ),
+            )
+        })
     }
 
     /// Takes the lock if free, else fails with `Busy` at once.

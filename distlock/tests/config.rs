@@ -231,3 +231,60 @@ fn file_and_environment_merge_with_environment_winning() {
         Ok(())
     });
 }
+
+#[cfg(feature = "redis")]
+#[test]
+fn every_redis_deployment_parses_from_a_url() {
+    use distlock::BackendSpec;
+    use distlock_redis::RedisTopology;
+    let none = Default::default();
+    let topology = |url: &str| match BackendSpec::parse("url", url, &none) {
+        Ok(BackendSpec::Redis { topology, options }) => (topology, options),
+        other => panic!("{url}: {other:?}"),
+    };
+    let (t, o) = topology("redis://h:6379/2?min_replicas=1&replica_timeout=250ms");
+    assert_eq!(t, RedisTopology::Single("redis://h:6379/2".into()));
+    assert_eq!((o.min_replicas, o.replica_timeout.as_millis()), (1, 250));
+    let (t, _) = topology("rediss+cluster://u:pw@a:7000,b:7001");
+    assert_eq!(
+        t,
+        RedisTopology::Cluster(vec![
+            "rediss://u:pw@a:7000".into(),
+            "rediss://u:pw@b:7001".into()
+        ])
+    );
+    let (t, _) = topology("redis+sentinel://u:pw@s1:26379,s2:26379/orders");
+    assert_eq!(
+        t,
+        RedisTopology::Sentinel {
+            sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
+            service: "orders".into(),
+            node_auth: Some("redis://u:pw@localhost".into()),
+        }
+    );
+    assert!(!format!("{t:?}").contains("pw"), "{t:?}");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn bad_redis_deployments_are_named() {
+    use distlock::BackendSpec;
+    let none = Default::default();
+    let key_of = |url: &str| match BackendSpec::parse("url", url, &none) {
+        Err(ConfigError::InvalidValue { key, reason, .. }) => (key, reason),
+        other => panic!("{url}: expected InvalidValue, got {other:?}"),
+    };
+    let (key, reason) = key_of("redis+sentinel://s1:26379");
+    assert_eq!(key, "url");
+    assert!(reason.contains("<service>"), "{reason}");
+    assert_eq!(key_of("redis+cluster://").0, "url");
+    assert_eq!(key_of("redis://h:6379?ca=/nowhere.pem").0, "url.options.ca");
+    assert_eq!(
+        key_of("rediss://h:6379?ca=/nowhere.pem").0,
+        "url.options.ca"
+    );
+    assert_eq!(
+        key_of("redis://h:6379?min_replicas=two").0,
+        "url.options.min_replicas"
+    );
+}

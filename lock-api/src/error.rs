@@ -132,6 +132,19 @@ impl LockError {
         }
     }
 
+    /// A backend failure that struck a whole batch, once per item: the same backend, retryable
+    /// flag and message (the source chain becomes text).
+    pub fn for_each_item(&self) -> Self {
+        match self {
+            LockError::Backend {
+                backend,
+                retryable,
+                source,
+            } => LockError::backend(backend.clone(), *retryable, source.to_string()),
+            other => LockError::backend("batch", other.is_retryable(), other.to_string()),
+        }
+    }
+
     /// The error for a call site that asked for a guarantee the backend cannot give.
     pub fn unsupported_guarantee(backend: &'static str, wanted: Guarantee, why: &str) -> Self {
         LockError::Unsupported {
