@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v etcd >/dev/null || need+=(etcd-server)
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v java >/dev/null || need+=(default-jre-headless)
@@ -32,6 +33,9 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace -- --test-threads=2 2>&1 | tee "$log"
 read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log")
+
+echo "== benchmark smoke run (a few hundred iterations; the report is docs/bench.md)"
+cargo run -q -p distlock-bench -- --smoke --out target/bench-smoke | tail -n 3
 
 after=$(pgrep -f "$servers" | sort || true)
 leaked=$(comm -13 <(echo "$before") <(echo "$after") | sed '/^$/d')

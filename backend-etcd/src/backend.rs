@@ -10,7 +10,7 @@ use distlock_api::{
 };
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 use futures_util::future::join_all;
 use tokio::time::{Instant, timeout, timeout_at};
@@ -280,22 +280,28 @@ impl EtcdBackend {
             let Some(pred) = resp.kvs().first() else {
                 return Ok(());
             };
+            let pred_rev = pred.create_revision();
             let pred = pred.key().to_vec();
             let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
-            // From the revision just read + 1: no missed deletion, and the watcher is synced at
-            // once (a watch behind the current revision is served late by etcd).
+            // From "now", not from `rev + 1`: a watch that starts behind the current revision
+            // (other clients wrote meanwhile) is "unsynced" and etcd serves it from a loop that
+            // runs every 100 ms, which stalled hand-overs. What happened between our read and the
+            // watch's creation is checked once the watch reports where it started.
             let mut watch = self
                 .call(|mut c| {
-                    let (k, o) = (
-                        pred.clone(),
-                        WatchOptions::new().with_start_revision(rev + 1),
-                    );
-                    async move { c.watch(k, Some(o)).await }
+                    let k = pred.clone();
+                    async move { c.watch(k, None).await }
                 })
                 .await?;
             loop {
                 tokio::select! {
                     msg = watch.message() => match msg {
+                        Ok(Some(w)) if w.created() => {
+                            let from = w.header().map_or(i64::MAX, |h| h.revision());
+                            if from > rev && !self.still_there(&pred, pred_rev).await? {
+                                break;
+                            }
+                        }
                         Ok(Some(w)) if w.events().iter().any(|e| e.event_type() == EventType::Delete) => break,
                         // Compacted or cancelled: re-read from scratch.
                         Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => break,
@@ -314,17 +320,21 @@ impl EtcdBackend {
         }
     }
 
-    /// Our key still exists with our revision, and the session is alive (etcd #11456: never
-    /// return a lock whose waiter's lease died while it waited).
-    async fn still_ours(&self, key: &str, rev: i64, session: &Session) -> Result<bool> {
+    /// `key` still exists with create revision `rev`.
+    async fn still_there(&self, key: &[u8], rev: i64) -> Result<bool> {
         let resp = self
             .call(|mut c| async move { c.get(key, None).await })
             .await?;
-        Ok(!session.is_lost()
-            && resp
-                .kvs()
-                .first()
-                .is_some_and(|kv| kv.create_revision() == rev))
+        Ok(resp
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == rev))
+    }
+
+    /// Our key still exists with our revision, and the session is alive (etcd #11456: never
+    /// return a lock whose waiter's lease died while it waited).
+    async fn still_ours(&self, key: &str, rev: i64, session: &Session) -> Result<bool> {
+        Ok(self.still_there(key.as_bytes(), rev).await? && !session.is_lost())
     }
 
     async fn acquire_inner(&self, name: &LockName, deadline: Option<Instant>) -> Result<Grant> {

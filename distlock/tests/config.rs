@@ -75,6 +75,26 @@ async fn correctness_on_redis_fails_at_load_time_naming_profile_backend_and_capa
 }
 
 #[tokio::test]
+async fn correctness_on_every_redis_deployment_and_redlock_fails_at_load_time() {
+    for (url, kind) in [
+        ("rediss://127.0.0.1:1", "redis"),
+        ("redis+cluster://127.0.0.1:1,127.0.0.1:2", "redis"),
+        ("redis+sentinel://127.0.0.1:1/orders", "redis"),
+        ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "redlock"),
+    ] {
+        let toml = format!("correctness = \"main\"\n[backends.main]\nurl = \"{url}\"");
+        match load(&toml).await {
+            Err(ConfigError::GradeMismatch {
+                backend, kind: k, ..
+            }) => {
+                assert_eq!((backend.as_str(), k.as_str()), ("main", kind), "{url}")
+            }
+            other => panic!("{url}: expected GradeMismatch, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_lone_efficiency_backend_that_cannot_connect_is_named() {
     // Port 1: nothing listens, so connecting fails; the grade logic is checked before that.
     let toml = r#"

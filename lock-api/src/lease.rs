@@ -112,16 +112,33 @@ impl LeaseShared {
         true
     }
 
-    /// Releases in a task of the lease's runtime, so a dropped caller cannot cut it short.
-    fn spawn_release(self: Arc<Self>) -> tokio::task::JoinHandle<Result<bool>> {
+    /// Waits for a renewal already in flight (so the release is the last word), then releases.
+    async fn release_now(&self) -> Result<bool> {
+        let _gate = self.renew_gate.lock().await;
+        let held = self.backend.release(&self.key).await;
+        tracing::debug!(lock = %self.key.name, backend = self.backend.kind(), token = ?self.token, ?held, "distlock released");
+        held
+    }
+
+    /// Releases in a task of the lease's runtime: for `Drop`, and for a `release` whose caller
+    /// was cancelled, so nobody can cut it short.
+    fn spawn_release(self: Arc<Self>) {
         let rt = self.runtime.clone();
         rt.spawn(async move {
-            // Waits for a renewal already in flight, so the release is the last word.
-            let _gate = self.renew_gate.lock().await;
-            let held = self.backend.release(&self.key).await;
-            tracing::debug!(lock = %self.key.name, backend = self.backend.kind(), token = ?self.token, ?held, "distlock released");
-            held
-        })
+            let _ = self.release_now().await;
+        });
+    }
+}
+
+/// Armed while `Lease::release` runs inline: dropped armed (the caller was cancelled), it hands
+/// the release to a background task. Compare-and-delete makes a repeated release harmless.
+struct ReleaseGuard(Option<Arc<LeaseShared>>);
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.spawn_release();
+        }
     }
 }
 
@@ -262,17 +279,17 @@ impl Lease {
     /// lease is still valid, and the lock stays held by the outer guards.
     ///
     /// # Cancel safety
-    /// The release runs in its own task: dropping this future does not stop it.
+    /// Dropping this future does not stop the release: it goes on in a background task.
     pub async fn release(mut self) -> Result<bool> {
         self.done = true;
         if !self.shared.drop_hold() {
             return Ok(self.lost_reason().is_none());
         }
-        self.shared
-            .clone()
-            .spawn_release()
-            .await
-            .map_err(|e| LockError::backend(self.backend(), true, e))?
+        // Inline (no task hop on the hot path); a cancelled caller leaves it to a task.
+        let mut guard = ReleaseGuard(Some(self.shared.clone()));
+        let held = self.shared.release_now().await;
+        guard.0 = None;
+        held
     }
 }
 
@@ -280,7 +297,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if !self.done && self.shared.drop_hold() {
             // Detached on purpose: Drop cannot wait. The TTL is the fallback if this fails.
-            drop(self.shared.clone().spawn_release());
+            self.shared.clone().spawn_release();
         }
     }
 }

@@ -18,7 +18,8 @@ pub struct ZkEnsemble {
 }
 
 impl ZkEnsemble {
-    /// Starts the nodes (small heaps, serial GC, admin server off, so they fit 2 cores) and waits
+    /// Starts the nodes (small heaps, serial GC, admin server off, so they fit 2 cores; no cap on
+    /// connections per address, since every client is on loopback) and waits
     /// until each serves (`srvr` reports standalone, leader or follower).
     pub fn start(n: usize) -> Result<Self, HarnessError> {
         require(JAVA, "default-jre-headless")?;
@@ -40,7 +41,8 @@ impl ZkEnsemble {
             let mut cfg = format!(
                 "tickTime=200\ninitLimit=20\nsyncLimit=5\ndataDir={}\nclientPort={port}\n\
                  clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                 4lw.commands.whitelist=srvr,ruok,stat,mntr\nmaxSessionTimeout=60000\n",
+                 4lw.commands.whitelist=srvr,ruok,stat,mntr\nmaxSessionTimeout=60000\n\
+                 maxClientCnxns=0\n",
                 data.display()
             );
             if n > 1 {

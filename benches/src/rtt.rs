@@ -1,0 +1,61 @@
+//! One plain read round trip per backend, the yardstick for hand-over latency.
+
+use tokio::time::Instant;
+
+use crate::stats::{Stats, stats};
+
+/// What to ping.
+pub enum Ping {
+    Redis(Vec<redis::aio::MultiplexedConnection>),
+    Etcd(Box<etcd_client::Client>),
+    Zk(zookeeper_client::Client),
+}
+
+impl Ping {
+    pub async fn redis(urls: &[String]) -> Self {
+        let mut conns = Vec::new();
+        for u in urls {
+            conns.push(
+                redis::Client::open(u.as_str())
+                    .expect("url")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect"),
+            );
+        }
+        Ping::Redis(conns)
+    }
+
+    async fn once(&self) {
+        match self {
+            // Redlock's round trip is the slowest of its nodes answering a parallel request.
+            Ping::Redis(conns) => {
+                futures_util::future::join_all(conns.iter().map(|c| async move {
+                    let _: String = redis::cmd("PING")
+                        .query_async(&mut c.clone())
+                        .await
+                        .expect("PING");
+                }))
+                .await;
+            }
+            Ping::Etcd(c) => {
+                (**c).clone().get("bench/rtt", None).await.expect("get");
+            }
+            Ping::Zk(c) => {
+                c.check_stat("/").await.expect("exists");
+            }
+        }
+    }
+
+    /// p50 of `n` round trips.
+    pub async fn measure(&self, n: usize) -> Stats {
+        let mut samples = Vec::with_capacity(n);
+        let start = Instant::now();
+        for _ in 0..n {
+            let t = Instant::now();
+            self.once().await;
+            samples.push(t.elapsed());
+        }
+        stats(samples, start.elapsed())
+    }
+}

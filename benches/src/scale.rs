@@ -1,0 +1,193 @@
+//! Scale: many names under many tasks through one client, and many leases held at once with the
+//! watchdog on (process memory and server round trips per renewal tick).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{AcquireOptions, Lease, LockBackend, LockClient};
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// Aggregate acquire + release pairs per second of `tasks` tasks over `names` names, all through
+/// one client (one connection or session), `pairs` pairs per task.
+pub async fn many_names(
+    backend: Arc<dyn LockBackend>,
+    names: usize,
+    tasks: usize,
+    pairs: usize,
+) -> f64 {
+    let locks = LockClient::new(backend);
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let locks = locks.clone();
+        handles.push(tokio::spawn(async move {
+            let opts = AcquireOptions::with_ttl(Duration::from_secs(10));
+            for i in 0..pairs {
+                // A spread that makes two tasks meet on a name now and then.
+                let name = format!("bench/scale/{}", (t * 7919 + i * 104_729) % names);
+                let lease = locks
+                    .acquire(&name, &opts, Duration::from_secs(120))
+                    .await
+                    .expect("acquire");
+                lease.release().await.expect("release");
+            }
+        }));
+    }
+    for h in handles {
+        h.await.expect("task");
+    }
+    (tasks * pairs) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// How a server counts the requests it served.
+pub enum Counter {
+    /// No server (in-process store).
+    None,
+    /// Redis `INFO commandstats`: script calls (every renewal is one).
+    Redis(redis::aio::MultiplexedConnection),
+    /// etcd's Prometheus metrics: txns plus keep-alive messages.
+    Etcd(u16),
+    /// ZooKeeper `mntr`: packets received (pings included).
+    Zk(u16),
+}
+
+fn get(port: u16, request: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect for counters");
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    s.write_all(request.as_bytes()).expect("send");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn sum_metric(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+impl Counter {
+    /// Requests served so far, or `None` without a server.
+    pub async fn read(&self) -> Option<f64> {
+        match self {
+            Counter::None => None,
+            Counter::Redis(c) => {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query_async(&mut c.clone())
+                    .await
+                    .expect("INFO");
+                Some(
+                    info.lines()
+                        .filter(|l| {
+                            l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:")
+                        })
+                        .filter_map(|l| {
+                            l.split("calls=")
+                                .nth(1)?
+                                .split(',')
+                                .next()?
+                                .parse::<f64>()
+                                .ok()
+                        })
+                        .sum(),
+                )
+            }
+            Counter::Etcd(port) => {
+                let port = *port;
+                let text = tokio::task::spawn_blocking(move || {
+                    get(port, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                })
+                .await
+                .expect("metrics");
+                Some(
+                    sum_metric(&text, "grpc_server_handled_total", "grpc_method=\"Txn\"")
+                        + sum_metric(
+                            &text,
+                            "grpc_server_msg_received_total",
+                            "grpc_method=\"LeaseKeepAlive\"",
+                        ),
+                )
+            }
+            Counter::Zk(port) => {
+                let port = *port;
+                let text = tokio::task::spawn_blocking(move || get(port, "mntr"))
+                    .await
+                    .expect("mntr");
+                text.lines()
+                    .find_map(|l| l.strip_prefix("zk_packets_received")?.trim().parse().ok())
+            }
+        }
+    }
+}
+
+/// Held leases with the watchdog on.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Held {
+    /// Leases held at once.
+    pub leases: usize,
+    /// Process RSS growth from before the first acquire to all held, MB.
+    pub rss_growth_mb: f64,
+    /// Server requests per renewal tick while all are held (`None` without a server).
+    pub round_trips_per_tick: Option<f64>,
+}
+
+fn rss_kb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0.0)
+}
+
+/// Takes `n` leases (TTL 3 s, so a renewal tick every second) through one client, lets the
+/// watchdog settle, then counts server requests over three ticks.
+pub async fn held(backend: Arc<dyn LockBackend>, n: usize, counter: &Counter) -> Held {
+    const TTL: Duration = Duration::from_secs(3);
+    let locks = LockClient::new(backend);
+    let before = rss_kb();
+    let mut leases: Vec<Lease> = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let taken = futures_util::future::join_all(chunk.iter().map(|i| {
+            let locks = &locks;
+            async move {
+                locks
+                    .try_acquire(&format!("bench/held/{i}"), &AcquireOptions::with_ttl(TTL))
+                    .await
+                    .expect("acquire")
+            }
+        }))
+        .await;
+        leases.extend(taken);
+    }
+    let rss_growth_mb = (rss_kb() - before) / 1024.0;
+    // Leases taken over a spread settle into one batch within two ticks.
+    tokio::time::sleep(TTL).await;
+    let from = counter.read().await;
+    tokio::time::sleep(TTL).await;
+    let to = counter.read().await;
+    let lost = leases.iter().filter(|l| l.lost_reason().is_some()).count();
+    assert_eq!(lost, 0, "leases lost while held");
+    let mut leases = leases.into_iter().peekable();
+    while leases.peek().is_some() {
+        let chunk: Vec<Lease> = leases.by_ref().take(256).collect();
+        futures_util::future::join_all(chunk.into_iter().map(Lease::release)).await;
+    }
+    Held {
+        leases: n,
+        rss_growth_mb,
+        round_trips_per_tick: from.zip(to).map(|(a, b)| (b - a) / 3.0),
+    }
+}
