@@ -10,7 +10,8 @@ use distlock_api::{
 };
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
+    TxnOpResponse,
 };
 use futures_util::future::join_all;
 use tokio::time::{Instant, timeout, timeout_at};
@@ -34,9 +35,6 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 
 /// Pause between tries of a request that met an unavailable member.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
-
-/// etcd's default `--max-txn-ops`: the most reads one renewal txn may carry.
-const MAX_TXN_OPS: usize = 128;
 
 /// How many times cleanup of our own key is tried before the session TTL is left to do it.
 const CLEANUP_TRIES: u32 = 3;
@@ -492,9 +490,11 @@ impl LockBackend for EtcdBackend {
             .unwrap_or(Ok(Renewal::NotHeld))
     }
 
-    /// One keep-alive per session (a client has one), and the owner checks in as few read txns
-    /// as the server allows (`MAX_TXN_OPS` reads each), all at once. A lease is renewed when its
-    /// session is alive and its key still holds its secret.
+    /// Session level: per session (a client has one), a keep-alive and a `LeaseTimeToLive` that
+    /// lists the keys attached to the lease, sent together: one round trip per tick whatever the
+    /// number of leases. A lease is renewed when its session answered the keep-alive and its key
+    /// is still attached (its path names our lease and a random attempt, so attached means ours;
+    /// a key deleted by anyone else is "not held").
     async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
         let mut sessions: Vec<(i64, Option<Arc<Session>>)> = Vec::new();
         for (key, _) in batch {
@@ -505,57 +505,42 @@ impl LockBackend for EtcdBackend {
             }
         }
         let deadline = Instant::now() + self.inner.options.op_timeout;
-        let keep_alives = join_all(sessions.iter().map(|(_, session)| async move {
+        let checks = join_all(sessions.iter().map(|(lease, session)| async move {
             let Some(session) = session else {
-                return Ok(false);
+                return Ok(None);
             };
-            timeout_at(deadline, session.refresh())
-                .await
+            let keys = self.call(|mut c| async move {
+                c.lease_time_to_live(*lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                    .await
+            });
+            let (alive, keys) = tokio::join!(timeout_at(deadline, session.refresh()), keys);
+            let alive = alive
                 .map_err(|_| {
                     LockError::backend(self.inner.endpoints.clone(), true, "keep-alive timed out")
                 })?
-                .map_err(|e| self.err(e))
-        }));
-        let chunks: Vec<_> = batch.chunks(MAX_TXN_OPS).collect();
-        let reads = join_all(chunks.iter().map(|chunk| {
-            self.call(move |mut c| {
-                let ops: Vec<TxnOp> = chunk
-                    .iter()
-                    .map(|(k, _)| TxnOp::get(k.resource.as_str(), None))
-                    .collect();
-                async move { c.txn(Txn::new().and_then(ops)).await }
-            })
-        }));
-        let (alive, reads) = tokio::join!(keep_alives, reads);
-        let mut out = Vec::with_capacity(batch.len());
-        for (chunk, read) in chunks.iter().zip(reads) {
-            let answers = read.as_ref().map(|r| r.op_responses());
-            for (i, (key, _)) in chunk.iter().enumerate() {
-                let session = lease_of(&key.resource)
-                    .and_then(|l| sessions.iter().position(|(s, _)| *s == l))
-                    .map(|i| &alive[i]);
-                out.push(match (session, &answers) {
-                    (None, _) | (Some(Ok(false)), _) => Ok(Renewal::NotHeld),
-                    (Some(Err(e)), _) => Err(e.for_each_item()),
-                    (_, Err(e)) => Err(e.for_each_item()),
-                    (Some(Ok(true)), Ok(answers)) => {
-                        let ours = match answers.get(i) {
-                            Some(TxnOpResponse::Get(g)) => g
-                                .kvs()
-                                .first()
-                                .is_some_and(|kv| kv.value() == key.secret.expose_hex().as_bytes()),
-                            _ => false,
-                        };
-                        Ok(if ours {
+                .map_err(|e| self.err(e))?;
+            let keys = keys?;
+            Ok::<_, LockError>((alive && keys.ttl() > 0).then(|| keys.keys().to_vec()))
+        }))
+        .await;
+        batch
+            .iter()
+            .map(|(key, _)| {
+                let at = lease_of(&key.resource)
+                    .and_then(|l| sessions.iter().position(|(s, _)| *s == l));
+                match at.map(|i| &checks[i]) {
+                    None | Some(Ok(None)) => Ok(Renewal::NotHeld),
+                    Some(Err(e)) => Err(e.for_each_item()),
+                    Some(Ok(Some(attached))) => {
+                        Ok(if attached.iter().any(|k| k == key.resource.as_bytes()) {
                             Renewal::Renewed
                         } else {
                             Renewal::NotHeld
                         })
                     }
-                });
-            }
-        }
-        out
+                }
+            })
+            .collect()
     }
 
     /// Deletes our attempt key if it still holds our secret (never the session lease, which

@@ -1,5 +1,6 @@
 //! [`ZkBackend`]: the lock contract over a ZooKeeper ensemble.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,19 +9,12 @@ use distlock_api::{
     Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
     LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
-use futures_util::future::join_all;
 use tokio::time::{Instant, timeout};
-use zookeeper_client::{
-    Acls, Client, CreateMode, Error as ZkError, MultiReadResult, SessionState, Stat,
-};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState, Stat};
 
 use crate::config::{NodeAcl, ZkOptions};
 use crate::paths::{LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, sequence};
 use crate::session::Epoch;
-
-/// The most reads one renewal multi-read carries, so its reply stays far below ZooKeeper's
-/// default 1 MB packet limit (about 110 bytes per node).
-const MULTI_READ_MAX: usize = 1_000;
 
 /// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
 /// (czxid), FIFO by sequence, client-side re-entrancy, watch wake-ups. The TTL is the session
@@ -549,45 +543,36 @@ impl LockBackend for ZkBackend {
             .unwrap_or(Ok(Renewal::NotHeld))
     }
 
-    /// The session keeps every node alive; a renewal checks that each node still holds its
-    /// secret, with one multi-read per `MULTI_READ_MAX` nodes (all sent at once). A secret that
-    /// does not match its path is "not held" without a call.
+    /// Session level: the session heartbeat keeps every node alive, so a renewal only confirms,
+    /// with one `getEphemerals` under the root (one round trip whatever the number of leases),
+    /// that each node is still an ephemeral of this session. A node's path carries a digest of
+    /// its secret and our session created it, so listed means ours; a node deleted by anyone
+    /// else is "not held".
     async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
-        let epoch = match self.epoch().await {
-            Ok(e) => e,
+        let listed = match self.epoch().await {
+            Ok(epoch) => {
+                self.call(epoch.client.list_ephemerals(&self.inner.options.root))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let ours: HashSet<&str> = match &listed {
+            Ok(paths) => paths.iter().map(String::as_str).collect(),
             Err(e) => return batch.iter().map(|_| Err(e.for_each_item())).collect(),
         };
-        let checked: Vec<usize> = (0..batch.len())
-            .filter(|i| owned_by(&batch[*i].0.resource, &batch[*i].0.secret))
-            .collect();
-        let chunks: Vec<&[usize]> = checked.chunks(MULTI_READ_MAX).collect();
-        let reads = join_all(chunks.iter().map(|chunk| {
-            let mut reader = epoch.client.new_multi_reader();
-            let added = chunk
-                .iter()
-                .try_for_each(|i| reader.add_get_data(&batch[*i].0.resource));
-            async move {
-                added.map_err(|e| self.err(e))?;
-                self.call(reader.commit()).await
-            }
-        }))
-        .await;
-        let mut out: Vec<Result<Renewal>> = batch.iter().map(|_| Ok(Renewal::NotHeld)).collect();
-        for (chunk, read) in chunks.iter().zip(reads) {
-            for (n, i) in chunk.iter().enumerate() {
-                let secret = batch[*i].0.secret.expose_hex();
-                out[*i] = match &read {
-                    Err(e) => Err(e.for_each_item()),
-                    Ok(results) => Ok(match results.get(n) {
-                        Some(MultiReadResult::Data { data, .. }) if *data == secret.as_bytes() => {
-                            Renewal::Renewed
-                        }
-                        _ => Renewal::NotHeld,
-                    }),
-                };
-            }
-        }
-        out
+        batch
+            .iter()
+            .map(|(key, _)| {
+                Ok(
+                    if owned_by(&key.resource, &key.secret) && ours.contains(key.resource.as_str())
+                    {
+                        Renewal::Renewed
+                    } else {
+                        Renewal::NotHeld
+                    },
+                )
+            })
+            .collect()
     }
 
     /// Deletes our node. A secret that does not match the path is refused without a server call.

@@ -1,6 +1,6 @@
 //! N clients (each its own connection or session) on ONE name: each acquires, runs a short
-//! critical section, releases. Measured: holder changes per second and the latency from one
-//! client's release to another client's grant.
+//! critical section, releases. Measured: holder changes per second and the hand-over latency,
+//! from the moment one client's release call returned to another client's grant.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,8 +25,8 @@ impl Waiter {
         Waiter::Ours(LockClient::new(backend))
     }
 
-    /// Holds the lock on `name` while `critical` runs.
-    async fn hold(&self, name: &str, critical: impl Future<Output = ()>) {
+    /// Holds the lock on `name` while `critical` runs; returns when the release returned.
+    async fn hold(&self, name: &str, critical: impl Future<Output = ()>) -> Instant {
         match self {
             Waiter::Ours(locks) => {
                 let opts = AcquireOptions::with_ttl(Duration::from_secs(10));
@@ -36,6 +36,7 @@ impl Waiter {
                     .expect("acquire");
                 critical.await;
                 lease.release().await.expect("release");
+                Instant::now()
             }
             Waiter::Rslock(m) => {
                 let lock = loop {
@@ -45,6 +46,7 @@ impl Waiter {
                 };
                 critical.await;
                 m.unlock(&lock).await;
+                Instant::now()
             }
         }
     }
@@ -65,18 +67,21 @@ pub async fn handover(waiters: Vec<Waiter>, name: &str, grants: usize, budget: D
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let (last, samples) = (&last, &samples);
-                waiter
+                let released = waiter
                     .hold(&name, async {
                         let at = Instant::now();
                         if let Some((prev, released)) = *last.lock().await
                             && prev != id
                         {
-                            samples.lock().await.push(at - released);
+                            samples
+                                .lock()
+                                .await
+                                .push(at.saturating_duration_since(released));
                         }
                         tokio::task::yield_now().await; // the critical section
-                        *last.lock().await = Some((id, Instant::now()));
                     })
                     .await;
+                *last.lock().await = Some((id, released));
                 if granted.fetch_add(1, Ordering::Relaxed) + 1 >= grants || start.elapsed() > budget
                 {
                     stop.store(true, Ordering::Relaxed);

@@ -147,7 +147,8 @@ async fn main() {
         },
         Target {
             label: "redlock x3",
-            url: masters.url(),
+            // Wait as long as it takes, like the rslock waiters (the default gives up after 32 rounds).
+            url: format!("{}?retry_count=1000000", masters.url()),
             slow: 1,
             raw: Some(Pair::raw_redis(&master_urls).await),
             peer: Some(("rslock x3", master_urls.clone())),

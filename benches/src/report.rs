@@ -80,8 +80,8 @@ impl Report {
         }
         md.push_str(
             "\n## Hand-over: N clients on one name\n\n\
-             Each client has its own connection or session; latency is from one client's \
-             release to another client's grant. RTT = one plain read round trip of the backend \
+             Each client has its own connection or session; latency is from the return of one \
+             client's release call to another client's grant. RTT = one plain read round trip of the backend \
              (Redis `PING`, etcd `get`, ZooKeeper `exists`; Redlock: all masters at once).\n\n\
              | backend | clients | hand-overs/s | p50 | p99 | RTT p50 | p50 / RTT |\n\
              |---|---:|---:|---:|---:|---:|---:|\n",
@@ -103,8 +103,8 @@ impl Report {
              Many names: 1 000 names, 256 tasks, one client (one connection or session). Held: \
              leases held at once through one client with the watchdog on (TTL 3 s, a renewal \
              tick every second); RSS growth of the whole process; server requests per tick \
-             counted by the server (Redis `INFO commandstats` script calls; etcd txns + \
-             keep-alive messages from its metrics; ZooKeeper `mntr` packets, pings included).\n\n\
+             counted by the server (Redis `INFO commandstats` script calls; etcd txns, \
+             keep-alive messages and lease lookups from its metrics; ZooKeeper `mntr` packets, pings included).\n\n\
              | backend | many names pairs/s | leases held | RSS growth MB | server requests per tick |\n\
              |---|---:|---:|---:|---:|\n",
         );

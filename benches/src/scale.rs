@@ -48,7 +48,7 @@ pub enum Counter {
     None,
     /// Redis `INFO commandstats`: script calls (every renewal is one).
     Redis(redis::aio::MultiplexedConnection),
-    /// etcd's Prometheus metrics: txns plus keep-alive messages.
+    /// etcd's Prometheus metrics: txns, keep-alive messages and lease lookups.
     Etcd(u16),
     /// ZooKeeper `mntr`: packets received (pings included).
     Zk(u16),
@@ -110,6 +110,11 @@ impl Counter {
                             &text,
                             "grpc_server_msg_received_total",
                             "grpc_method=\"LeaseKeepAlive\"",
+                        )
+                        + sum_metric(
+                            &text,
+                            "grpc_server_handled_total",
+                            "grpc_method=\"LeaseTimeToLive\"",
                         ),
                 )
             }

@@ -120,6 +120,10 @@ pub trait Deployment: Send + Sync {
     /// nodes); read from the server, not from a client's memory.
     async fn artifacts(&self, name: &LockName) -> usize;
 
+    /// Deletes `name`'s lock on the server behind its holder's back, as an operator would
+    /// (Redis `DEL`, etcd delete, ZooKeeper node delete, eviction from the memory store).
+    async fn delete_lock(&self, name: &LockName);
+
     /// The lease TTL the scenarios use on this backend (short, so the suite stays fast).
     fn ttl(&self) -> Duration;
 

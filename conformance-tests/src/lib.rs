@@ -69,6 +69,7 @@ macro_rules! for_each_scenario {
             renewal_stops_after_release,
             dropped_lease_is_freed_promptly,
             lost_signal_fires_before_a_competitor_acquires,
+            lock_deleted_behind_the_holder_is_reported_lost,
             fencing_tokens_strictly_increase,
             paused_holder_write_is_fenced_off,
             paused_holder_process_is_fenced_off,

@@ -124,6 +124,20 @@ impl Deployment for EtcdDeployment {
         resp.count() as usize
     }
 
+    async fn delete_lock(&self, name: &LockName) {
+        let prefix = distlock_etcd::keys::name_prefix(&options().prefix, name);
+        let resp = self
+            .admin
+            .clone()
+            .delete(
+                prefix,
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .expect("delete");
+        assert!(resp.deleted() > 0, "nothing to delete");
+    }
+
     fn ttl(&self) -> Duration {
         TTL
     }

@@ -58,6 +58,10 @@ impl Deployment for MemoryDeployment {
         self.store.artifacts(name)
     }
 
+    async fn delete_lock(&self, name: &LockName) {
+        assert!(self.store.evict(name), "nothing to evict");
+    }
+
     fn ttl(&self) -> Duration {
         Duration::from_secs(1)
     }

@@ -135,6 +135,15 @@ impl Deployment for ClusterDeployment {
         n as usize
     }
 
+    async fn delete_lock(&self, name: &LockName) {
+        let n: i64 = redis::cmd("DEL")
+            .arg(lock_keys(&options().prefix, name).lock)
+            .query_async(&mut self.admin.clone())
+            .await
+            .expect("DEL");
+        assert_eq!(n, 1, "nothing to delete");
+    }
+
     fn ttl(&self) -> Duration {
         Duration::from_secs(2)
     }

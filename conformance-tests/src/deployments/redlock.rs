@@ -146,6 +146,17 @@ impl Deployment for RedlockDeployment {
         owners.len()
     }
 
+    async fn delete_lock(&self, name: &LockName) {
+        let key = lock_keys(&options().prefix, name).lock;
+        for admin in &self.admins {
+            let _: i64 = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut admin.clone())
+                .await
+                .expect("DEL");
+        }
+    }
+
     fn ttl(&self) -> Duration {
         Duration::from_secs(2)
     }

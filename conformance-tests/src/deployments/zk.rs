@@ -126,6 +126,18 @@ impl Deployment for ZkDeployment {
         }
     }
 
+    async fn delete_lock(&self, name: &LockName) {
+        let dir = distlock_zk::paths::lock_dir(&options().root, name);
+        let children = self.admin.list_children(&dir).await.expect("list");
+        assert!(!children.is_empty(), "nothing to delete");
+        for child in children {
+            match self.admin.delete(&format!("{dir}/{child}"), None).await {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+                Err(e) => panic!("delete {dir}/{child}: {e}"),
+            }
+        }
+    }
+
     fn ttl(&self) -> Duration {
         TTL
     }

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::{LockClient, LockError};
+use distlock_api::{LockClient, LockError, LostReason};
 use tokio::time::{Instant, sleep};
 
 use super::{client, opts, unique};
@@ -48,4 +48,26 @@ pub async fn lost_signal_fires_before_a_competitor_acquires(d: &dyn Deployment) 
     assert!(lease.remaining().is_zero());
     cut.restore();
     assert!(won.release().await.expect("release"));
+}
+
+/// The lock is deleted on the server behind the holder's back (an operator, a flush): the next
+/// watchdog renewal finds it gone and fires the lost signal as "refused", well before the
+/// lease's own deadline would have.
+pub async fn lock_deleted_behind_the_holder_is_reported_lost(d: &dyn Deployment) {
+    let name = unique("deleted");
+    let a = client(d).await;
+    let lease = a.try_acquire(&name, &opts(d)).await.expect("acquire");
+    let deadline = lease.valid_until();
+    d.delete_lock(&distlock_api::LockName::new(name.as_str()).expect("valid"))
+        .await;
+    let reason = tokio::time::timeout(d.ttl(), lease.lost())
+        .await
+        .expect("the lost signal fired");
+    assert_eq!(reason, LostReason::RenewalRefused);
+    assert!(
+        Instant::now() < deadline,
+        "found at a renewal, not at the deadline"
+    );
+    // Release of a lost lease reports it was not held, and touches nothing.
+    assert!(!lease.release().await.expect("release"));
 }

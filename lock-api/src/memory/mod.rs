@@ -73,6 +73,21 @@ impl MemoryStore {
             .map_or(0, |e| usize::from(e.holder.is_some()) + e.waiters.len())
     }
 
+    /// Removes the holder of `name`, as an operator deleting the lock by hand would (the next
+    /// waiter gets it); the holder's next renewal finds it gone. Returns whether there was one.
+    pub fn evict(&self, name: &LockName) -> bool {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.settle(name.encoded(), now);
+        let had = st
+            .locks
+            .get_mut(name.encoded())
+            .and_then(|e| e.holder.take())
+            .is_some();
+        st.settle(name.encoded(), now);
+        had
+    }
+
     /// The fencing token of the live holder of `name`, if any.
     pub fn holder_token(&self, name: &LockName) -> Option<FencingToken> {
         let now = Instant::now();
