@@ -253,14 +253,18 @@ impl EtcdBackend {
     }
 
     /// Waits until no key of `prefix` was created before `my_rev`, watching only the nearest
-    /// predecessor each time and re-checking all of them after every event.
+    /// predecessor each time and re-checking all of them after every event. Returns whether our
+    /// key (`key`, created at `my_rev`) and our session are still alive at that point (etcd
+    /// #11456: never grant a lock whose waiter's lease died while it waited); that check rides
+    /// in the same read txn, so a hand-over costs one read after the wake-up, not two.
     async fn wait_turn(
         &self,
         prefix: &str,
+        key: &str,
         my_rev: i64,
         session: &Session,
         deadline: Instant,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let session_lost = session.lost_signal();
         loop {
             let before = GetOptions::new()
@@ -269,18 +273,37 @@ impl EtcdBackend {
                 .with_max_create_revision(my_rev - 1)
                 .with_limit(1)
                 .with_keys_only();
+            let read = Txn::new().and_then([
+                TxnOp::get(prefix, Some(before)),
+                TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+            ]);
             let resp = self
                 .call(|mut c| {
-                    let b = before.clone();
-                    async move { c.get(prefix, Some(b)).await }
+                    let t = read.clone();
+                    async move { c.txn(t).await }
                 })
                 .await?;
-            let Some(pred) = resp.kvs().first() else {
-                return Ok(());
+            let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+            let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            });
+            let (Some(preds), Some(ours)) = (gets.next(), gets.next()) else {
+                return Err(LockError::backend(
+                    self.inner.endpoints.clone(),
+                    true,
+                    "a read txn answered without its reads",
+                ));
+            };
+            let Some(pred) = preds.kvs().first() else {
+                let alive = ours
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == my_rev);
+                return Ok(alive && !session.is_lost());
             };
             let pred_rev = pred.create_revision();
             let pred = pred.key().to_vec();
-            let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
             // From "now", not from `rev + 1`: a watch that starts behind the current revision
             // (other clients wrote meanwhile) is "unsynced" and etcd serves it from a loop that
             // runs every 100 ms, which stalled hand-overs. What happened between our read and the
@@ -329,12 +352,6 @@ impl EtcdBackend {
             .is_some_and(|kv| kv.create_revision() == rev))
     }
 
-    /// Our key still exists with our revision, and the session is alive (etcd #11456: never
-    /// return a lock whose waiter's lease died while it waited).
-    async fn still_ours(&self, key: &str, rev: i64, session: &Session) -> Result<bool> {
-        Ok(self.still_there(key.as_bytes(), rev).await? && !session.is_lost())
-    }
-
     async fn acquire_inner(&self, name: &LockName, deadline: Option<Instant>) -> Result<Grant> {
         let started = Instant::now();
         let session = self.session().await?;
@@ -358,10 +375,12 @@ impl EtcdBackend {
                     name: name.to_string(),
                 });
             };
-            let waited = self.wait_turn(&prefix, my_rev, &session, deadline).await;
+            let waited = self
+                .wait_turn(&prefix, &key, my_rev, &session, deadline)
+                .await;
             let outcome = match waited {
-                Ok(()) if self.still_ours(&key, my_rev, &session).await? => Ok(()),
-                Ok(()) => Err(LockError::backend(
+                Ok(true) => Ok(()),
+                Ok(false) => Err(LockError::backend(
                     self.inner.endpoints.clone(),
                     true,
                     "our queue key or session died while waiting",

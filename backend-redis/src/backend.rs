@@ -19,17 +19,24 @@ use crate::notify::{Notifier, Subscription};
 use crate::scripts;
 
 /// What the Redis backend declares: efficiency grade, per-name fencing that holds while the
-/// server keeps its data, no FIFO fairness, client-side re-entrancy, millisecond TTLs, pub/sub
-/// wake-ups.
+/// server keeps its data, FIFO among live waiters (a server-side queue; a crashed waiter holds
+/// its place for at most 3 s), client-side re-entrancy, millisecond TTLs, pub/sub wake-ups
+/// that wake only the waiter whose turn it is.
 pub const CAPABILITIES: Capabilities = Capabilities {
     guarantee: Guarantee::Efficiency,
     fencing: Fencing::PerNameWhileServerKeepsData,
-    fifo: false,
+    fifo: true,
     reentrancy: Reentrancy::ClientSide,
     ttl_granularity: Duration::from_millis(1),
     min_ttl: Duration::from_millis(10),
     wakeup: Wakeup::PubSub,
 };
+
+/// A waiter that stops re-checking (it crashed) is dropped from the queue after this.
+const WAITER_TTL: Duration = Duration::from_secs(3);
+
+/// A waiter re-checks at least this often, which also keeps its place in the queue.
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// A lock client over one Redis deployment: a single server ([`RedisBackend::connect`]), a Redis
 /// Cluster ([`RedisBackend::connect_cluster`]) or the master Sentinel names
@@ -232,6 +239,7 @@ impl RedisBackend {
         keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
+        waiting: bool,
     ) -> Result<Attempt> {
         let mut guard = AttemptGuard {
             backend: self,
@@ -245,8 +253,13 @@ impl RedisBackend {
                 scripts::ACQUIRE
                     .key(&keys.lock)
                     .key(&keys.fence)
+                    .key(&keys.queue)
+                    .key(&keys.alive)
                     .arg(secret.expose_hex())
                     .arg(ttl.as_millis().max(1) as u64)
+                    .arg(u8::from(waiting))
+                    .arg(WAITER_TTL.as_millis() as u64)
+                    .arg(&keys.channel)
                     .invoke_async(&mut conn),
             )
             .await;
@@ -297,12 +310,34 @@ impl RedisBackend {
             .with_timeout(
                 scripts::RELEASE
                     .key(&keys.lock)
+                    .key(&keys.queue)
+                    .key(&keys.alive)
                     .arg(secret.expose_hex())
                     .arg(&keys.channel)
                     .invoke_async(&mut conn),
             )
             .await?;
         Ok(n == 1)
+    }
+
+    /// Takes a waiter that gives up out of the queue (and tells the next one if the lock is
+    /// free). Best effort: a waiter left behind is dropped when its liveness runs out.
+    async fn leave_queue(&self, keys: &LockKeys, secret: &OwnerSecret) {
+        let mut conn = self.conn.clone();
+        let left: Result<i64> = self
+            .with_timeout(
+                scripts::LEAVE
+                    .key(&keys.queue)
+                    .key(&keys.alive)
+                    .key(&keys.lock)
+                    .arg(secret.expose_hex())
+                    .arg(&keys.channel)
+                    .invoke_async(&mut conn),
+            )
+            .await;
+        if let Err(error) = left {
+            tracing::debug!(%error, "distlock redis: leaving the queue failed; liveness will drop us");
+        }
     }
 
     async fn renew_group(
@@ -371,16 +406,55 @@ fn parse(url: &str) -> Result<ConnectionInfo> {
         .map_err(|e| LockError::invalid_config("redis url", redact(url), e.to_string()))
 }
 
-/// Bounds connecting by `connect_timeout` and names the deployment in the error.
+/// Checks the options, bounds connecting by `connect_timeout` and names the deployment in the
+/// error.
 async fn connecting(
     server: &str,
     options: &RedisOptions,
     connect: impl Future<Output = redis::RedisResult<Conn>>,
 ) -> Result<Conn> {
+    if options.min_replicas > 0 && options.replica_timeout >= options.op_timeout {
+        return Err(LockError::invalid_config(
+            "replica_timeout",
+            options.replica_timeout,
+            format!(
+                "must be below op_timeout ({:?}): WAIT holds the reply that long",
+                options.op_timeout
+            ),
+        ));
+    }
     timeout(options.connect_timeout, connect)
         .await
         .map_err(|_| LockError::backend(server.to_string(), true, "connect timed out"))?
         .map_err(|e| redis_error(server, e))
+}
+
+/// Armed while a waiter may be in the queue: dropped armed (the acquire future was cancelled)
+/// it leaves the queue in the background.
+struct QueueGuard<'a> {
+    backend: &'a RedisBackend,
+    keys: &'a LockKeys,
+    secret: &'a OwnerSecret,
+    armed: bool,
+}
+
+impl QueueGuard<'_> {
+    async fn leave(mut self) {
+        self.armed = false;
+        self.backend.leave_queue(self.keys, self.secret).await;
+    }
+}
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
+            rt.spawn(async move { b.leave_queue(&k, &s).await });
+        }
+    }
 }
 
 /// Hides the password of a URL before it goes into an error message.
@@ -414,7 +488,7 @@ impl LockBackend for RedisBackend {
         let keys = self.keys(name);
         let secret = OwnerSecret::random()?;
         let sent = Instant::now();
-        match self.attempt(&keys, &secret, ttl).await? {
+        match self.attempt(&keys, &secret, ttl, false).await? {
             Attempt::Granted(token) => Ok(self.grant(name, keys, secret, token, ttl, sent)),
             Attempt::Busy { .. } => Err(LockError::Busy {
                 name: name.to_string(),
@@ -422,34 +496,52 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    /// Waits in the name's queue: subscribed before the first try (so no release is missed),
+    /// woken only by a release that names us (or nobody), re-checking when the holder's TTL runs
+    /// out and at least every second (which keeps our place). Leaves the queue on timeout, error
+    /// or cancellation.
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
         let keys = self.keys(name);
         let secret = OwnerSecret::random()?;
+        let me = secret.expose_hex();
         let started = Instant::now();
-        // Subscribe before the first try, so a release between the try and the wait is seen.
         let mut released = self.subscribe_releases(&keys).await?;
+        let mut queued = QueueGuard {
+            backend: self,
+            keys: &keys,
+            secret: &secret,
+            armed: true,
+        };
         loop {
             let sent = Instant::now();
-            let pttl_ms = match self.attempt(&keys, &secret, ttl).await? {
-                Attempt::Granted(token) => {
-                    return Ok(self.grant(name, keys, secret, token, ttl, sent));
+            let pttl_ms = match self.attempt(&keys, &secret, ttl, true).await {
+                Ok(Attempt::Granted(token)) => {
+                    // The script took us out of the queue with the grant.
+                    queued.armed = false;
+                    drop(queued);
+                    return Ok(self.grant(name, keys.clone(), secret.clone(), token, ttl, sent));
                 }
-                Attempt::Busy { pttl_ms } => pttl_ms,
+                Ok(Attempt::Busy { pttl_ms }) => pttl_ms,
+                Err(e) => {
+                    queued.leave().await;
+                    return Err(e);
+                }
             };
             let now = Instant::now();
             if now >= deadline {
+                queued.leave().await;
                 return Err(LockError::Timeout {
                     name: name.to_string(),
                     waited: now - started,
                 });
             }
-            // Re-check when the holder's TTL runs out at the latest, so a lost message only
-            // delays; jitter spreads competing waiters.
+            // Negative: the lock is free but promised to the waiter ahead of us.
+            let wait =
+                u64::try_from(pttl_ms).map_or(RECHECK, |ms| Duration::from_millis(ms).min(RECHECK));
             let jitter = Duration::from_micros(rand::rng().random_range(0..2_000));
-            let recheck = now + Duration::from_millis(pttl_ms.max(0) as u64) + jitter;
             tokio::select! {
-                _ = released.released() => {}
-                _ = sleep_until(recheck.min(deadline)) => {}
+                _ = released.turn_of(&me) => {}
+                _ = sleep_until((now + wait + jitter).min(deadline)) => {}
             }
         }
     }

@@ -15,7 +15,8 @@ pub struct RedisOptions {
     /// (releasing what was granted). Best effort, not consensus: a replica that acknowledged can
     /// still lose the write, and a failover can still promote one that did not. Default 0 (off).
     pub min_replicas: u32,
-    /// How long `WAIT` waits for `min_replicas`. Default 100 ms.
+    /// How long `WAIT` waits for `min_replicas`. Default 100 ms. `WAIT` holds the client's one
+    /// multiplexed connection that long at most, so keep it small and below `op_timeout`.
     pub replica_timeout: Duration,
     /// TLS material for `rediss://` servers with a private CA or client certificates; `None`
     /// uses the system's roots. Default `None`.

@@ -7,7 +7,9 @@
 //! |---|---|---|
 //! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held |
 //! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
-//! | `{p:B}:released:<encoded n>` | pub/sub channel | a message on every release |
+//! | `{p:B}:released:<encoded n>` | pub/sub channel | on every release, the id of the waiter whose turn it is |
+//! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
+//! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
 //!
 //! `B` is a bucket, `fnv1a64(encoded n) % 1024`, inside the hash tag. Why buckets: the fencing
 //! counter must live in the same hash slot as the lock key (one script touches both, also on
@@ -30,6 +32,10 @@ pub struct LockKeys {
     pub fence: String,
     /// The release notification channel.
     pub channel: String,
+    /// The waiters' queue (arrival order).
+    pub queue: String,
+    /// The waiters' liveness deadlines.
+    pub alive: String,
 }
 
 /// FNV-1a, 64 bits: small, stable across versions and platforms.
@@ -76,6 +82,8 @@ pub fn lock_keys(prefix: &str, name: &LockName) -> LockKeys {
         lock: format!("{tag}:lock:{encoded}"),
         fence: format!("{tag}:fence"),
         channel: format!("{tag}:released:{encoded}"),
+        queue: format!("{tag}:queue:{encoded}"),
+        alive: format!("{tag}:alive:{encoded}"),
     }
 }
 
@@ -87,7 +95,9 @@ mod tests {
     fn keys_share_one_hash_tag_and_the_bucket_is_stable() {
         let k = lock_keys("distlock", &LockName::new("orders/42").expect("valid"));
         let tag = &k.lock[..k.lock.find('}').expect("tag") + 1];
-        assert!(k.fence.starts_with(tag) && k.channel.starts_with(tag));
+        for key in [&k.fence, &k.channel, &k.queue, &k.alive] {
+            assert!(key.starts_with(tag), "{key}");
+        }
         // Pinned: the bucket function is part of the on-server format.
         assert_eq!(k.lock, "{distlock:833}:lock:orders%2F42");
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);

@@ -11,11 +11,15 @@
 //! * **Watchdog renewals are batched**: the generic watchdog hands every lease due in a tick to
 //!   [`distlock_api::LockBackend::renew_batch`], which renews them all in one script call (one
 //!   per hash slot on Cluster), so 10 000 held leases cost one call per tick, not 10 000.
-//! * **Waiting**: a waiter subscribes to the name's release channel (one subscription per name per
-//!   client, carried as RESP3 pushes on the client's one connection), tries, and sleeps until a
-//!   release message or the holder's remaining TTL (plus jitter), whichever comes first.
+//! * **Waiting, FIFO**: a waiter joins the name's server-side queue (arrival order) and
+//!   subscribes to the name's release channel (one subscription per name per client, carried as
+//!   RESP3 pushes on the client's one connection). A release names the live head of the queue,
+//!   and only that waiter retries: one wake-up per hand-over, not a herd. Waiters re-check when
+//!   the holder's TTL runs out and at least every second, which keeps their place; a crashed
+//!   waiter is dropped after 3 s, one that gives up leaves at once.
 //! * **Key layout** ([`keys`]): lock key, bucket counter and channel share one hash tag; at most
-//!   1 024 counter keys per prefix ever, so names do not leak keys.
+//!   1 024 counter keys per prefix ever, so names do not leak keys; the queue keys expire when
+//!   nobody waits.
 //! * **Deployments** ([`RedisTopology`]): one server (`redis://`, `rediss://` with TLS, ACL user
 //!   and password in the URL), a Redis Cluster (every script stays in one slot thanks to the
 //!   hash tag), or the master Sentinel names (followed after a failover).

@@ -1,16 +1,22 @@
 //! Release notifications: one subscription per channel per client, shared by all its waiters,
 //! carried as RESP3 pushes on the client's one connection (no extra subscriber connection).
+//! A release message names the waiter whose turn it is (or nobody: anyone may try); each
+//! waiter of the client sees every message and wakes only for its own name.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redis::{PushInfo, PushKind, Value};
-use tokio::sync::watch;
+use tokio::sync::broadcast;
 
 use crate::conn::Conn;
 
+/// Messages kept for a waiter that is busy (re-trying) when they arrive; one that falls further
+/// behind retries at once, which is always safe.
+const BACKLOG: usize = 64;
+
 struct Channel {
-    releases: watch::Sender<u64>,
+    releases: broadcast::Sender<Arc<str>>,
     waiters: usize,
 }
 
@@ -30,11 +36,13 @@ impl Notifier {
         let channels = self.lock();
         match push.kind {
             PushKind::Message => {
-                if let Some(Value::BulkString(name)) = push.data.first()
+                if let (Some(Value::BulkString(name)), Some(Value::BulkString(payload))) =
+                    (push.data.first(), push.data.get(1))
                     && let Ok(name) = std::str::from_utf8(name)
                     && let Some(c) = channels.get(name)
                 {
-                    c.releases.send_modify(|n| *n += 1);
+                    let turn: Arc<str> = String::from_utf8_lossy(payload).into();
+                    let _ = c.releases.send(turn);
                 }
             }
             // The connection dropped: a release may have been missed, so every waiter retries now
@@ -65,7 +73,7 @@ impl Notifier {
             let c = channels
                 .entry(channel.to_string())
                 .or_insert_with(|| Channel {
-                    releases: watch::Sender::new(0),
+                    releases: broadcast::Sender::new(BACKLOG),
                     waiters: 0,
                 });
             c.waiters += 1;
@@ -85,28 +93,46 @@ impl Notifier {
     }
 }
 
+/// "Anyone may try" to every waiter of every channel.
+fn wake(channels: &HashMap<String, Channel>) {
+    for c in channels.values() {
+        let _ = c.releases.send(Arc::from(""));
+    }
+}
+
 /// One waiter's membership of a channel; leaving the last one unsubscribes.
 pub(crate) struct Subscription {
     notifier: Arc<Notifier>,
     channel: String,
     conn: Conn,
-    releases: watch::Receiver<u64>,
-}
-
-fn wake(channels: &HashMap<String, Channel>) {
-    for c in channels.values() {
-        c.releases.send_modify(|n| *n += 1);
-    }
+    releases: broadcast::Receiver<Arc<str>>,
 }
 
 impl Subscription {
-    /// Resolves at the next release message (or connection drop) after the last call.
+    /// Resolves at the next release message (or connection drop), whoever it names.
     ///
     /// # Cancel safety
     /// Cancel safe: a message that arrives while nobody waits is kept for the next call.
     pub(crate) async fn released(&mut self) {
-        if self.releases.changed().await.is_err() {
+        if let Err(broadcast::error::RecvError::Closed) = self.releases.recv().await {
             std::future::pending::<()>().await;
+        }
+    }
+
+    /// Resolves at the next message that names `me`, or nobody in particular (a release with
+    /// no queue, a connection drop), or when messages were missed (then retrying is the safe
+    /// answer). Messages naming other waiters are skipped.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Subscription::released`].
+    pub(crate) async fn turn_of(&mut self, me: &str) {
+        loop {
+            match self.releases.recv().await {
+                Ok(turn) if turn.is_empty() || &*turn == me => return,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+            }
         }
     }
 }

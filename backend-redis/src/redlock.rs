@@ -133,7 +133,7 @@ impl RedlockBackend {
         let start = Instant::now();
         let results = join_all(self.nodes.iter().map(|n| {
             let keys = n.keys(name);
-            async move { n.attempt(&keys, secret, ttl).await }
+            async move { n.attempt(&keys, secret, ttl, false).await }
         }))
         .await;
         let granted = results

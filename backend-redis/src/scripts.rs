@@ -3,31 +3,115 @@
 //!
 //! The lock value is `<secret>:<token>`; the secret is always 32 hex characters, so the owner
 //! check compares the first 33 bytes with `<secret>:`.
+//!
+//! Waiters queue in arrival order (a sorted set scored by server time) with a liveness set
+//! (scored by expiry, refreshed at every re-check): a release names the live head on the
+//! channel, and a free lock promised to a live head is refused to everyone else. A waiter that
+//! crashed stops refreshing and is dropped within the waiter TTL; one that gives up leaves at
+//! once ([`LEAVE`]). Both sets carry that TTL, so a name nobody waits on leaves no key behind.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: lock, fence. ARGV: secret, ttl ms.
-/// Free: INCR the bucket counter, SET the lock with PX, return `{1, token}`.
-/// Already ours (a retry after a lost reply): refresh the TTL, return `{1, token}`.
-/// Held by another: return `{0, pttl}` (the waiter's next re-check bound).
+/// Lua helpers shared by the scripts that read the queue head: `purge` drops the waiters whose
+/// liveness ran out (from both sets) and says how many; `clock` is the server's time in ms and µs.
+const PURGE: &str = r#"
+local function purge(queue, alive, now)
+  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
+  for _, w in ipairs(dead) do
+    redis.call('ZREM', alive, w)
+    redis.call('ZREM', queue, w)
+  end
+  return #dead
+end
+local function clock()
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return math.floor(us / 1000), us
+end
+local function now_ms()
+  local ms = clock()
+  return ms
+end
+"#;
+
+/// KEYS: lock, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms, channel.
+/// * Ours already (a retry after a lost reply): refresh the TTL, return `{1, token}`.
+/// * Held by another: a waiter joins the queue (arrival order, first join only) and refreshes
+///   its liveness; return `{0, pttl}` (the next re-check bound).
+/// * Free, but a live waiter other than us heads the queue: it is promised to that waiter; a
+///   waiter joins the queue; return `{0, -3}`. If dead waiters were just dropped, the new head
+///   is told on the channel.
+/// * Free and nobody else queued: INCR the bucket counter, SET the lock with PX, leave the
+///   queue, return `{1, token}`.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local cur = redis.call('GET', KEYS[1])
-if not cur then
-  local token = redis.call('INCR', KEYS[2])
-  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
-  return {1, token}
+    Script::new(&format!(
+        r#"{PURGE}
+local lock, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local me, ttl, waiting, wttl = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
+local cur = redis.call('GET', lock)
+if cur and string.sub(cur, 1, 33) == me .. ':' then
+  redis.call('PEXPIRE', lock, ttl)
+  return {{1, tonumber(string.sub(cur, 34))}}
 end
-if string.sub(cur, 1, 33) == ARGV[1] .. ':' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(string.sub(cur, 34))}
+local queued = redis.call('EXISTS', queue) == 1
+local now, arrival, purged, head = 0, 0, 0, nil
+if queued or waiting then
+  now, arrival = clock()
 end
-return {0, redis.call('PTTL', KEYS[1])}
-"#,
-    )
+if queued then
+  purged = purge(queue, alive, now)
+  head = redis.call('ZRANGE', queue, 0, 0)[1]
+end
+local function join()
+  if waiting then
+    redis.call('ZADD', queue, 'NX', arrival, me)
+    redis.call('ZADD', alive, now + wttl, me)
+    redis.call('PEXPIRE', queue, wttl)
+    redis.call('PEXPIRE', alive, wttl)
+  end
+end
+if cur then
+  join()
+  return {{0, redis.call('PTTL', lock)}}
+end
+if head and head ~= me then
+  join()
+  if purged > 0 then
+    redis.call('PUBLISH', ARGV[5], head)
+  end
+  return {{0, -3}}
+end
+local token = redis.call('INCR', fence)
+redis.call('SET', lock, me .. ':' .. token, 'PX', ttl)
+if head then
+  redis.call('ZREM', queue, me)
+  redis.call('ZREM', alive, me)
+end
+return {{1, token}}
+"#
+    ))
+});
+
+/// KEYS: queue, alive, lock. ARGV: secret, channel.
+/// A waiter that gives up (timeout, error, cancellation) leaves the queue; if the lock is free,
+/// the new head is told at once instead of at its next re-check.
+pub static LEAVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r#"{PURGE}
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  purge(KEYS[1], KEYS[2], now_ms())
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if head then
+    redis.call('PUBLISH', ARGV[2], head)
+  end
+end
+return 1
+"#
+    ))
 });
 
 /// KEYS: lock 1..n. ARGV: secret 1, ttl ms 1, ..., secret n, ttl ms n.
@@ -51,18 +135,26 @@ return out
     )
 });
 
-/// KEYS: lock. ARGV: secret, channel. DEL only if ours, then PUBLISH so waiters retry at once.
+/// KEYS: lock, queue, alive. ARGV: secret, channel. DEL only if ours, then PUBLISH the id of the
+/// waiter that heads the queue (dead waiters dropped first), or an empty message when nobody
+/// queued ("anyone may try": Redlock waiters, which do not queue). Only the named waiter
+/// retries, so a release wakes one waiter, not all of them.
 /// Returns 1 if released, 0 if it was not ours (never deletes another owner's lock).
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+    Script::new(&format!(
+        r#"{PURGE}
 local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, 33) == ARGV[1] .. ':' then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '1')
+  local head = ''
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    purge(KEYS[2], KEYS[3], now_ms())
+    head = redis.call('ZRANGE', KEYS[2], 0, 0)[1] or ''
+  end
+  redis.call('PUBLISH', ARGV[2], head)
   return 1
 end
 return 0
-"#,
-    )
+"#
+    ))
 });

@@ -16,9 +16,10 @@ const TTL: Duration = Duration::from_secs(30);
 
 async fn client(url: &str, min_replicas: u32) -> LockClient {
     let options = RedisOptions {
-        op_timeout: Duration::from_secs(1),
+        // Above the replica timeout: WAIT holds the reply that long.
+        op_timeout: Duration::from_secs(3),
         min_replicas,
-        replica_timeout: Duration::from_millis(300),
+        replica_timeout: Duration::from_secs(1),
         ..RedisOptions::default()
     };
     LockClient::new(Arc::new(

@@ -100,13 +100,20 @@ impl Deployment for RedisDeployment {
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {
-        let key = lock_keys(&options().prefix, name).lock;
-        let n: i64 = redis::cmd("EXISTS")
-            .arg(&key)
-            .query_async(&mut self.admin.clone())
+        // The holder's key plus the queued waiters.
+        let keys = lock_keys(&options().prefix, name);
+        let mut admin = self.admin.clone();
+        let held: i64 = redis::cmd("EXISTS")
+            .arg(&keys.lock)
+            .query_async(&mut admin)
             .await
             .expect("EXISTS");
-        n as usize
+        let queued: i64 = redis::cmd("ZCARD")
+            .arg(&keys.queue)
+            .query_async(&mut admin)
+            .await
+            .expect("ZCARD");
+        (held + queued) as usize
     }
 
     async fn delete_lock(&self, name: &LockName) {
