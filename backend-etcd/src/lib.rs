@@ -40,6 +40,7 @@ mod config;
 mod guard;
 pub mod keys;
 mod session;
+pub mod url;
 
 pub use backend::{CAPABILITIES, EtcdBackend};
 pub use config::{EtcdOptions, EtcdTls};

@@ -53,6 +53,7 @@ pub mod keys;
 mod notify;
 pub mod redlock;
 pub mod scripts;
+pub mod url;
 
 pub use backend::{CAPABILITIES, RedisBackend};
 pub use config::{RedisOptions, RedisTls, RedisTopology, RedlockOptions};

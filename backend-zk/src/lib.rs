@@ -36,6 +36,7 @@ mod config;
 mod guard;
 pub mod paths;
 mod session;
+pub mod url;
 
 pub use backend::{CAPABILITIES, ZkBackend};
 pub use config::{NodeAcl, OnDisconnect, ZkOptions};

@@ -52,36 +52,33 @@ impl Waiter {
     }
 }
 
+/// When each client was granted the lock, and when its release returned.
+type Events = (Vec<(Instant, usize)>, Vec<(Instant, usize)>);
+
 /// Runs the waiters until `grants` grants happened or `budget` passed.
+///
+/// Holds are strictly sequential (that is the lock's job), so the k-th grant in time follows the
+/// (k-1)-th release in time: latencies pair them up after the run, which stays right when a
+/// grant is handed over before the releasing call has even returned (in-process store).
 pub async fn handover(waiters: Vec<Waiter>, name: &str, grants: usize, budget: Duration) -> Stats {
-    let last: Arc<Mutex<Option<(usize, Instant)>>> = Arc::new(Mutex::new(None));
-    let samples = Arc::new(Mutex::new(Vec::new()));
+    let events: Arc<Mutex<Events>> = Arc::default();
     let granted = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for (id, waiter) in waiters.into_iter().enumerate() {
-        let (last, samples, granted, stop) =
-            (last.clone(), samples.clone(), granted.clone(), stop.clone());
+        let (events, granted, stop) = (events.clone(), granted.clone(), stop.clone());
         let name = name.to_string();
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let (last, samples) = (&last, &samples);
+                let events = &events;
                 let released = waiter
                     .hold(&name, async {
-                        let at = Instant::now();
-                        if let Some((prev, released)) = *last.lock().await
-                            && prev != id
-                        {
-                            samples
-                                .lock()
-                                .await
-                                .push(at.saturating_duration_since(released));
-                        }
+                        events.lock().await.0.push((Instant::now(), id));
                         tokio::task::yield_now().await; // the critical section
                     })
                     .await;
-                *last.lock().await = Some((id, released));
+                events.lock().await.1.push((released, id));
                 if granted.fetch_add(1, Ordering::Relaxed) + 1 >= grants || start.elapsed() > budget
                 {
                     stop.store(true, Ordering::Relaxed);
@@ -92,6 +89,16 @@ pub async fn handover(waiters: Vec<Waiter>, name: &str, grants: usize, budget: D
     for t in tasks {
         t.await.expect("task");
     }
-    let samples = std::mem::take(&mut *samples.lock().await);
-    stats(samples, start.elapsed())
+    let elapsed = start.elapsed();
+    let (mut grants_at, mut releases_at) = std::mem::take(&mut *events.lock().await);
+    grants_at.sort();
+    releases_at.sort();
+    let samples = grants_at
+        .iter()
+        .skip(1)
+        .zip(&releases_at)
+        .filter(|((_, to), (_, from))| to != from)
+        .map(|((at, _), (released, _))| at.saturating_duration_since(*released))
+        .collect();
+    stats(samples, elapsed)
 }

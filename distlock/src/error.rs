@@ -69,6 +69,20 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// A URL or option error from a backend crate's reader, as the facade reports it.
+    pub(crate) fn from_backend_url(e: LockError) -> Self {
+        match e {
+            LockError::InvalidConfig { key, value, reason } => {
+                ConfigError::InvalidValue { key, value, reason }
+            }
+            other => ConfigError::InvalidValue {
+                key: "url".into(),
+                value: String::new(),
+                reason: other.to_string(),
+            },
+        }
+    }
+
     pub(crate) fn invalid(
         key: impl Into<String>,
         value: impl Into<String>,

@@ -1,12 +1,15 @@
-//! Backend URLs: `memory://`, `redis://`, `etcd://`, `zk://`, parsed into a [`BackendSpec`]
-//! with typed errors, then connected. Options come from the query string or from a table; both
-//! use the same names (see each scheme below).
+//! Backend URLs parsed into a [`BackendSpec`] with typed errors, then connected. Each backend
+//! crate declares its schemes and reads its own options (`distlock_redis::url`,
+//! `distlock_etcd::url`, `distlock_zk::url`, on the shared grammar of `distlock_api::url`); this
+//! module picks the crate by scheme, for the crates the cargo features `redis`, `etcd`, `zk`
+//! enable. Options come from the query string or from a table; both use the same names.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use distlock_api::memory::MemoryStore;
+use distlock_api::url::BackendUrl;
 use distlock_api::{Capabilities, LockBackend};
 
 use crate::error::ConfigError;
@@ -99,204 +102,34 @@ impl std::fmt::Debug for BackendSpec {
     }
 }
 
-/// The schemes this build accepts.
+/// The schemes this build accepts: `memory`, and those each enabled backend crate declares.
 pub fn known_schemes() -> Vec<&'static str> {
+    #[allow(unused_mut)]
     let mut s = vec!["memory"];
-    if cfg!(feature = "redis") {
-        s.extend(REDIS_SCHEMES);
-        s.push("redlock");
-    }
-    if cfg!(feature = "etcd") {
-        s.push("etcd");
-    }
-    if cfg!(feature = "zk") {
-        s.push("zk");
-    }
+    #[cfg(feature = "redis")]
+    s.extend(
+        distlock_redis::url::SCHEMES
+            .iter()
+            .chain(distlock_redis::url::REDLOCK_SCHEMES),
+    );
+    #[cfg(feature = "etcd")]
+    s.extend(distlock_etcd::url::SCHEMES);
+    #[cfg(feature = "zk")]
+    s.extend(distlock_zk::url::SCHEMES);
     s
 }
 
-/// The schemes of a single Redis deployment.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-const REDIS_SCHEMES: [&str; 5] = [
-    "redis",
-    "rediss",
-    "redis+cluster",
-    "rediss+cluster",
-    "redis+sentinel",
-];
-
 /// Hides the password of `scheme://user:password@...` and of a `password=` query parameter.
 pub fn redact(url: &str) -> String {
-    let mut out = url.to_string();
-    if let Some(start) = out.find("://").map(|i| i + 3) {
-        let end = out[start..]
-            .find(['/', '?'])
-            .map_or(out.len(), |i| start + i);
-        if let Some(at) = out[start..end].rfind('@').map(|i| start + i)
-            && let Some(colon) = out[start..at].find(':').map(|i| start + i)
-        {
-            out.replace_range(colon + 1..at, "<redacted>");
-        }
-    }
-    if let Some(p) = out.find("password=") {
-        let end = out[p..].find('&').map_or(out.len(), |i| p + i);
-        out.replace_range(p + 9..end, "<redacted>");
-    }
-    out
+    distlock_api::url::redact(url)
 }
 
 /// Parses `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds. Zero and negatives are errors.
+///
+/// # Errors
+/// [`ConfigError::InvalidValue`] naming `key` and `value`.
 pub fn parse_duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
-    let v = value.trim();
-    let (num, unit) = match v.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-')) {
-        Some(i) => (&v[..i], &v[i..]),
-        None => (v, "s"),
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| ConfigError::invalid(key, value, "not a duration (use 500ms, 10s, 2m, 1h)"))?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        other => {
-            return Err(ConfigError::invalid(
-                key,
-                value,
-                format!("unknown unit {other:?} (use ms, s, m, h)"),
-            ));
-        }
-    };
-    if !secs.is_finite() || secs <= 0.0 {
-        return Err(ConfigError::invalid(key, value, "must be above zero"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// The pieces of `scheme://[userinfo@]hosts[/path][?query]`.
-struct Parts<'a> {
-    scheme: &'a str,
-    user: Option<(String, String)>,
-    hosts: &'a str,
-    path: &'a str,
-    query: BTreeMap<String, String>,
-}
-
-fn split<'a>(key: &str, url: &'a str) -> Result<Parts<'a>, ConfigError> {
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-        ConfigError::invalid(key, redact(url), "not a URL: expected scheme://...")
-    })?;
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let (user, hosts) = match authority.rsplit_once('@') {
-        Some((info, hosts)) => {
-            let (u, p) = info.split_once(':').unwrap_or((info, ""));
-            (Some((u.to_string(), p.to_string())), hosts)
-        }
-        None => (None, authority),
-    };
-    let mut q = BTreeMap::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        q.insert(k.to_string(), v.to_string());
-    }
-    Ok(Parts {
-        scheme,
-        user,
-        hosts,
-        path,
-        query: q,
-    })
-}
-
-/// Checks `host:port` entries: at least one, each with a host and a numeric port.
-fn endpoints(key: &str, url: &str, hosts: &str) -> Result<Vec<String>, ConfigError> {
-    let list: Vec<String> = hosts
-        .split(',')
-        .map(str::trim)
-        .filter(|h| !h.is_empty())
-        .map(String::from)
-        .collect();
-    if list.is_empty() {
-        return Err(ConfigError::invalid(
-            key,
-            redact(url),
-            "empty endpoint list: give at least one host:port",
-        ));
-    }
-    for h in &list {
-        let ok = h
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !ok {
-            return Err(ConfigError::invalid(
-                key,
-                redact(url),
-                format!("endpoint {h:?} is not host:port"),
-            ));
-        }
-    }
-    Ok(list)
-}
-
-/// Options not used by a scheme are errors, like unknown keys.
-fn take(options: &mut BTreeMap<String, String>, name: &str) -> Option<String> {
-    options.remove(name)
-}
-
-/// Sets `field` from the duration option `name`, if given.
-fn take_duration(
-    options: &mut BTreeMap<String, String>,
-    base: &str,
-    name: &str,
-    field: &mut Duration,
-) -> Result<(), ConfigError> {
-    if let Some(v) = options.remove(name) {
-        *field = parse_duration(&format!("{base}.{name}"), &v)?;
-    }
-    Ok(())
-}
-
-/// The TLS files options `ca`, `cert` and `key` (cert and key go together), read from disk.
-#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
-#[allow(clippy::type_complexity)]
-fn tls_files(
-    options: &mut BTreeMap<String, String>,
-    opt_key: &dyn Fn(&str) -> String,
-) -> Result<(Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>)>), ConfigError> {
-    let read = |name: &str, path: &str| {
-        std::fs::read(path)
-            .map_err(|e| ConfigError::invalid(opt_key(name), path, format!("cannot read: {e}")))
-    };
-    let ca = take(options, "ca").map(|p| read("ca", &p)).transpose()?;
-    let identity = match (take(options, "cert"), take(options, "key")) {
-        (Some(c), Some(k)) => Some((read("cert", &c)?, read("key", &k)?)),
-        (None, None) => None,
-        (c, _) => {
-            let missing = if c.is_some() { "key" } else { "cert" };
-            return Err(ConfigError::invalid(
-                opt_key(missing),
-                "",
-                "cert and key go together",
-            ));
-        }
-    };
-    Ok((ca, identity))
-}
-
-fn no_leftovers(key: &str, options: &BTreeMap<String, String>) -> Result<(), ConfigError> {
-    match options.iter().next() {
-        Some((k, v)) => Err(ConfigError::invalid(
-            format!("{key}.{k}"),
-            v.clone(),
-            "unknown option for this backend",
-        )),
-        None => Ok(()),
-    }
+    distlock_api::url::parse_duration(key, value).map_err(ConfigError::from_backend_url)
 }
 
 impl BackendSpec {
@@ -310,267 +143,36 @@ impl BackendSpec {
         url: &str,
         extra: &BTreeMap<String, String>,
     ) -> Result<Self, ConfigError> {
-        let parts = split(key, url)?;
-        let mut options = parts.query.clone();
-        options.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let options_base = key
-            .strip_suffix(".url")
-            .map_or_else(|| format!("{key}.options"), |b| format!("{b}.options"));
-        let opt_key = |k: &str| format!("{options_base}.{k}");
-        let spec = match parts.scheme {
+        let mut parts =
+            BackendUrl::parse(key, url, extra).map_err(ConfigError::from_backend_url)?;
+        let scheme = parts.scheme.clone();
+        let scheme = scheme.as_str();
+        let read = |r: distlock_api::Result<BackendSpec>| r.map_err(ConfigError::from_backend_url);
+        // Each backend crate declares its schemes and reads its own options.
+        let spec = match scheme {
             "memory" => BackendSpec::Memory {
-                store: parts.hosts.to_string(),
+                store: parts.hosts.clone(),
             },
             #[cfg(feature = "redis")]
-            scheme if REDIS_SCHEMES.contains(&scheme) => {
-                let mut o = distlock_redis::RedisOptions::default();
-                if let Some(v) = take(&mut options, "prefix") {
-                    o.prefix = v;
-                }
-                take_duration(&mut options, &options_base, "op_timeout", &mut o.op_timeout)?;
-                take_duration(
-                    &mut options,
-                    &options_base,
-                    "connect_timeout",
-                    &mut o.connect_timeout,
-                )?;
-                take_duration(
-                    &mut options,
-                    &options_base,
-                    "replica_timeout",
-                    &mut o.replica_timeout,
-                )?;
-                if let Some(v) = take(&mut options, "min_replicas") {
-                    o.min_replicas = v.parse().map_err(|_| {
-                        ConfigError::invalid(opt_key("min_replicas"), &v, "a whole number")
-                    })?;
-                }
-                let tls = scheme.starts_with("rediss");
-                let (ca, client_identity) = tls_files(&mut options, &opt_key)?;
-                if !tls && (ca.is_some() || client_identity.is_some()) {
-                    return Err(ConfigError::invalid(
-                        opt_key("ca"),
-                        redact(url),
-                        "TLS options need a rediss:// URL",
-                    ));
-                }
-                if tls && (ca.is_some() || client_identity.is_some()) {
-                    o.tls = Some(distlock_redis::RedisTls {
-                        ca_pem: ca,
-                        client_identity,
-                    });
-                }
-                let node_scheme = if tls { "rediss" } else { "redis" };
-                let auth = parts
-                    .user
-                    .as_ref()
-                    .map_or(String::new(), |(u, p)| format!("{u}:{p}@"));
-                let topology = match scheme {
-                    "redis+cluster" | "rediss+cluster" => distlock_redis::RedisTopology::Cluster(
-                        endpoints(key, url, parts.hosts)?
-                            .iter()
-                            .map(|h| format!("{node_scheme}://{auth}{h}"))
-                            .collect(),
-                    ),
-                    "redis+sentinel" => {
-                        let service = parts.path.trim_matches('/');
-                        if service.is_empty() {
-                            return Err(ConfigError::invalid(
-                                key,
-                                redact(url),
-                                "name the master: redis+sentinel://host:26379/<service>",
-                            ));
-                        }
-                        distlock_redis::RedisTopology::Sentinel {
-                            sentinels: endpoints(key, url, parts.hosts)?
-                                .iter()
-                                .map(|h| format!("redis://{h}"))
-                                .collect(),
-                            service: service.to_string(),
-                            node_auth: parts
-                                .user
-                                .as_ref()
-                                .map(|_| format!("redis://{auth}localhost")),
-                        }
-                    }
-                    _ => {
-                        if parts.hosts.is_empty() || parts.hosts.contains(',') {
-                            return Err(ConfigError::invalid(
-                                key,
-                                redact(url),
-                                format!("{scheme}:// takes exactly one host[:port]"),
-                            ));
-                        }
-                        let base = url.split_once('?').map_or(url, |(b, _)| b);
-                        distlock_redis::RedisTopology::Single(base.to_string())
-                    }
-                };
-                BackendSpec::Redis {
-                    topology,
-                    options: o,
-                }
-            }
+            s if distlock_redis::url::SCHEMES.contains(&s) => read(
+                distlock_redis::url::redis_from_url(&mut parts)
+                    .map(|(topology, options)| BackendSpec::Redis { topology, options }),
+            )?,
             #[cfg(feature = "redis")]
-            "redlock" => {
-                let mut o = distlock_redis::RedlockOptions::default();
-                if let Some(v) = take(&mut options, "prefix") {
-                    o.prefix = v;
-                }
-                take_duration(
-                    &mut options,
-                    &options_base,
-                    "node_timeout",
-                    &mut o.node_timeout,
-                )?;
-                take_duration(
-                    &mut options,
-                    &options_base,
-                    "connect_timeout",
-                    &mut o.connect_timeout,
-                )?;
-                if let Some(v) = take(&mut options, "drift_factor") {
-                    o.drift_factor = v
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|f| (0.0..0.5).contains(f))
-                        .ok_or_else(|| {
-                            ConfigError::invalid(
-                                opt_key("drift_factor"),
-                                &v,
-                                "a fraction in [0, 0.5)",
-                            )
-                        })?;
-                }
-                if let Some(v) = take(&mut options, "retry_count") {
-                    o.retry_count = v.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        ConfigError::invalid(opt_key("retry_count"), &v, "a positive integer")
-                    })?;
-                }
-                if let Some(v) = take(&mut options, "retry_delay") {
-                    let k = opt_key("retry_delay");
-                    let (lo, hi) = v.split_once("..").ok_or_else(|| {
-                        ConfigError::invalid(&k, &v, "use <min>..<max>, e.g. 50ms..250ms")
-                    })?;
-                    o.retry_delay = (parse_duration(&k, lo)?, parse_duration(&k, hi)?);
-                    if o.retry_delay.0 > o.retry_delay.1 {
-                        return Err(ConfigError::invalid(k, v, "min above max"));
-                    }
-                }
-                let hosts = endpoints(key, url, parts.hosts)?;
-                if hosts.len() < 3 || hosts.len() % 2 == 0 {
-                    return Err(ConfigError::invalid(
-                        key,
-                        redact(url),
-                        "Redlock needs an odd number of masters, at least 3",
-                    ));
-                }
-                let auth = parts
-                    .user
-                    .as_ref()
-                    .map_or(String::new(), |(u, p)| format!("{u}:{p}@"));
-                BackendSpec::Redlock {
-                    urls: hosts.iter().map(|h| format!("redis://{auth}{h}")).collect(),
-                    options: o,
-                }
-            }
+            s if distlock_redis::url::REDLOCK_SCHEMES.contains(&s) => read(
+                distlock_redis::url::redlock_from_url(&mut parts)
+                    .map(|(urls, options)| BackendSpec::Redlock { urls, options }),
+            )?,
             #[cfg(feature = "etcd")]
-            "etcd" => {
-                let mut o = distlock_etcd::EtcdOptions::default();
-                let prefix = parts.path.trim_matches('/');
-                if !prefix.is_empty() {
-                    o.prefix = prefix.to_string();
-                }
-                take_duration(
-                    &mut options,
-                    &options_base,
-                    "session_ttl",
-                    &mut o.session_ttl,
-                )?;
-                take_duration(&mut options, &options_base, "op_timeout", &mut o.op_timeout)?;
-                take_duration(
-                    &mut options,
-                    &options_base,
-                    "connect_timeout",
-                    &mut o.connect_timeout,
-                )?;
-                let (ca, client_identity) = tls_files(&mut options, &opt_key)?;
-                if let Some(ca_pem) = ca {
-                    o.tls = Some(distlock_etcd::EtcdTls {
-                        ca_pem,
-                        client_identity,
-                        domain: take(&mut options, "tls_domain"),
-                    });
-                } else if client_identity.is_some() {
-                    return Err(ConfigError::invalid(
-                        opt_key("ca"),
-                        "",
-                        "a client certificate needs the server's CA (ca=<pem path>)",
-                    ));
-                }
-                let user = take(&mut options, "user").or(parts.user.as_ref().map(|u| u.0.clone()));
-                let password =
-                    take(&mut options, "password").or(parts.user.as_ref().map(|u| u.1.clone()));
-                o.credentials = user.map(|u| (u, password.unwrap_or_default()));
-                BackendSpec::Etcd {
-                    endpoints: endpoints(key, url, parts.hosts)?,
-                    options: o,
-                }
-            }
+            s if distlock_etcd::url::SCHEMES.contains(&s) => read(
+                distlock_etcd::url::from_url(&mut parts)
+                    .map(|(endpoints, options)| BackendSpec::Etcd { endpoints, options }),
+            )?,
             #[cfg(feature = "zk")]
-            "zk" => {
-                let mut o = distlock_zk::ZkOptions::default();
-                if let Some(v) = take(&mut options, "root") {
-                    o.root = v;
-                }
-                take_duration(
-                    &mut options,
-                    &options_base,
-                    "session_timeout",
-                    &mut o.session_timeout,
-                )?;
-                take_duration(&mut options, &options_base, "op_timeout", &mut o.op_timeout)?;
-                take_duration(
-                    &mut options,
-                    &options_base,
-                    "connect_timeout",
-                    &mut o.connect_timeout,
-                )?;
-                if let Some(v) = take(&mut options, "on_disconnect") {
-                    o.on_disconnect = match v.as_str() {
-                        "lose" => distlock_zk::OnDisconnect::Lose,
-                        w if w.starts_with("wait:") => distlock_zk::OnDisconnect::WaitUpTo(
-                            parse_duration(&opt_key("on_disconnect"), &w[5..])?,
-                        ),
-                        _ => {
-                            return Err(ConfigError::invalid(
-                                opt_key("on_disconnect"),
-                                v,
-                                "use lose or wait:<duration>",
-                            ));
-                        }
-                    };
-                }
-                if let Some(v) = take(&mut options, "acl") {
-                    o.acl = match v.as_str() {
-                        "open" => distlock_zk::NodeAcl::Open,
-                        "creator" => distlock_zk::NodeAcl::CreatorOnly,
-                        _ => {
-                            return Err(ConfigError::invalid(
-                                opt_key("acl"),
-                                v,
-                                "use open or creator",
-                            ));
-                        }
-                    };
-                }
-                o.digest = parts.user.as_ref().map(|(u, p)| format!("{u}:{p}"));
-                let hosts = endpoints(key, url, parts.hosts)?.join(",");
-                let chroot = parts.path.trim_end_matches('/');
-                BackendSpec::Zk {
-                    connect: format!("{hosts}{chroot}"),
-                    options: o,
-                }
-            }
+            s if distlock_zk::url::SCHEMES.contains(&s) => read(
+                distlock_zk::url::from_url(&mut parts)
+                    .map(|(connect, options)| BackendSpec::Zk { connect, options }),
+            )?,
             other => {
                 return Err(ConfigError::UnknownScheme {
                     key: key.to_string(),
@@ -580,7 +182,7 @@ impl BackendSpec {
                 });
             }
         };
-        no_leftovers(&options_base, &options)?;
+        parts.finish().map_err(ConfigError::from_backend_url)?;
         Ok(spec)
     }
 
@@ -653,35 +255,4 @@ fn memory_store(name: &str) -> MemoryStore {
         .entry(name.to_string())
         .or_default()
         .clone()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(
-            parse_duration("k", "500ms").unwrap(),
-            Duration::from_millis(500)
-        );
-        assert_eq!(parse_duration("k", "10").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("k", "2m").unwrap(), Duration::from_secs(120));
-        for bad in ["0s", "-5s", "abc", "5 parsecs", ""] {
-            assert!(parse_duration("k", bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn redaction_hides_passwords() {
-        assert_eq!(
-            redact("redis://u:hunter2@h:1/0"),
-            "redis://u:<redacted>@h:1/0"
-        );
-        assert_eq!(
-            redact("etcd://h:1?user=u&password=hunter2&x=1"),
-            "etcd://h:1?user=u&password=<redacted>&x=1"
-        );
-        assert_eq!(redact("zk://h:1/app"), "zk://h:1/app");
-    }
 }

@@ -52,6 +52,7 @@ mod name;
 mod options;
 mod owner;
 mod signal;
+pub mod url;
 mod watchdog;
 
 pub use backend::{Grant, GrantKey, LockBackend, Renewal};

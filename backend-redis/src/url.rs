@@ -1,0 +1,147 @@
+//! The schemes this crate serves and their options, read from a [`BackendUrl`]:
+//!
+//! * `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS): one server;
+//! * `redis+cluster://[user:password@]h1:p1,h2:p2,...` (`rediss+cluster://` for TLS): a Redis
+//!   Cluster reached through any of the nodes;
+//! * `redis+sentinel://[user:password@]s1:p1,s2:p2/<service>`: the master the Sentinels name
+//!   for `<service>` (the credentials are the data nodes');
+//! * `redlock://[user:password@]h1:p1,h2:p2,h3:p3`: Redlock over independent masters.
+//!
+//! Options: `prefix`, `op_timeout`, `connect_timeout`, `min_replicas`, `replica_timeout`, and
+//! for TLS `ca=<pem path>` (plus `cert=` and `key=`); Redlock: `prefix`, `node_timeout`,
+//! `connect_timeout`, `drift_factor`, `retry_count`, `retry_delay=<min>..<max>`.
+
+use distlock_api::Result;
+use distlock_api::url::{BackendUrl, parse_duration};
+
+use crate::config::{RedisOptions, RedisTls, RedisTopology, RedlockOptions};
+
+/// The schemes of one Redis deployment ([`crate::RedisBackend`]).
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+];
+
+/// The scheme of [`crate::RedlockBackend`].
+pub const REDLOCK_SCHEMES: &[&str] = &["redlock"];
+
+/// Where and how to connect, from a URL with one of [`SCHEMES`].
+///
+/// # Errors
+/// `InvalidConfig` naming the option or the URL at fault.
+pub fn redis_from_url(url: &mut BackendUrl) -> Result<(RedisTopology, RedisOptions)> {
+    let mut o = RedisOptions::default();
+    if let Some(v) = url.take("prefix") {
+        o.prefix = v;
+    }
+    url.take_duration("op_timeout", &mut o.op_timeout)?;
+    url.take_duration("connect_timeout", &mut o.connect_timeout)?;
+    url.take_duration("replica_timeout", &mut o.replica_timeout)?;
+    url.take_parsed(
+        "min_replicas",
+        "a whole number",
+        |_| true,
+        &mut o.min_replicas,
+    )?;
+    let tls = url.scheme.starts_with("rediss");
+    let (ca_pem, client_identity) = url.take_tls_files()?;
+    if ca_pem.is_some() || client_identity.is_some() {
+        if !tls {
+            return Err(url.invalid_option(
+                "ca",
+                url.base.clone(),
+                "TLS options need a rediss:// URL",
+            ));
+        }
+        o.tls = Some(RedisTls {
+            ca_pem,
+            client_identity,
+        });
+    }
+    let node_scheme = if tls { "rediss" } else { "redis" };
+    let auth = url.userinfo();
+    let topology = match url.scheme.as_str() {
+        "redis+cluster" | "rediss+cluster" => RedisTopology::Cluster(
+            url.endpoints()?
+                .iter()
+                .map(|h| format!("{node_scheme}://{auth}{h}"))
+                .collect(),
+        ),
+        "redis+sentinel" => {
+            let service = url.path.trim_matches('/');
+            if service.is_empty() {
+                return Err(url.invalid("name the master: redis+sentinel://host:26379/<service>"));
+            }
+            RedisTopology::Sentinel {
+                sentinels: url
+                    .endpoints()?
+                    .iter()
+                    .map(|h| format!("redis://{h}"))
+                    .collect(),
+                service: service.to_string(),
+                node_auth: url
+                    .user
+                    .as_ref()
+                    .map(|_| format!("redis://{auth}localhost")),
+            }
+        }
+        scheme => {
+            if url.hosts.is_empty() || url.hosts.contains(',') {
+                return Err(url.invalid(format!("{scheme}:// takes exactly one host[:port]")));
+            }
+            RedisTopology::Single(url.base.clone())
+        }
+    };
+    Ok((topology, o))
+}
+
+/// The masters and the algorithm's options, from a `redlock://` URL.
+///
+/// # Errors
+/// `InvalidConfig` naming the option or the URL at fault; fewer than 3 masters or an even
+/// number of them.
+pub fn redlock_from_url(url: &mut BackendUrl) -> Result<(Vec<String>, RedlockOptions)> {
+    let mut o = RedlockOptions::default();
+    if let Some(v) = url.take("prefix") {
+        o.prefix = v;
+    }
+    url.take_duration("node_timeout", &mut o.node_timeout)?;
+    url.take_duration("connect_timeout", &mut o.connect_timeout)?;
+    url.take_parsed(
+        "drift_factor",
+        "a fraction in [0, 0.5)",
+        |f: &f64| (0.0..0.5).contains(f),
+        &mut o.drift_factor,
+    )?;
+    url.take_parsed(
+        "retry_count",
+        "a positive integer",
+        |n: &u32| *n > 0,
+        &mut o.retry_count,
+    )?;
+    if let Some(v) = url.take("retry_delay") {
+        let bad = |reason: &str| url.invalid_option("retry_delay", &v, reason);
+        let (lo, hi) = v
+            .split_once("..")
+            .ok_or_else(|| bad("use <min>..<max>, e.g. 50ms..250ms"))?;
+        let key = "retry_delay";
+        let lo = parse_duration(key, lo).map_err(|_| bad("use <min>..<max>, e.g. 50ms..250ms"))?;
+        let hi = parse_duration(key, hi).map_err(|_| bad("use <min>..<max>, e.g. 50ms..250ms"))?;
+        if lo > hi {
+            return Err(bad("min above max"));
+        }
+        o.retry_delay = (lo, hi);
+    }
+    let hosts = url.endpoints()?;
+    if hosts.len() < 3 || hosts.len() % 2 == 0 {
+        return Err(url.invalid("Redlock needs an odd number of masters, at least 3"));
+    }
+    let auth = url.userinfo();
+    Ok((
+        hosts.iter().map(|h| format!("redis://{auth}{h}")).collect(),
+        o,
+    ))
+}

@@ -1,0 +1,50 @@
+//! The scheme this crate serves and its options, read from a [`BackendUrl`]:
+//! `zk://[user:password@]h1:p1,h2:p2[/chroot]` (the credentials become a digest identity) with
+//! `root`, `session_timeout`, `op_timeout`, `connect_timeout`, `on_disconnect=lose|wait:<d>` and
+//! `acl=open|creator`.
+
+use distlock_api::Result;
+use distlock_api::url::{BackendUrl, parse_duration};
+
+use crate::config::{NodeAcl, OnDisconnect, ZkOptions};
+
+/// The schemes of [`crate::ZkBackend`].
+pub const SCHEMES: &[&str] = &["zk"];
+
+/// The connect string (chroot included) and the options, from a `zk://` URL.
+///
+/// # Errors
+/// `InvalidConfig` naming the option or the URL at fault.
+pub fn from_url(url: &mut BackendUrl) -> Result<(String, ZkOptions)> {
+    let mut o = ZkOptions::default();
+    if let Some(v) = url.take("root") {
+        o.root = v;
+    }
+    url.take_duration("session_timeout", &mut o.session_timeout)?;
+    url.take_duration("op_timeout", &mut o.op_timeout)?;
+    url.take_duration("connect_timeout", &mut o.connect_timeout)?;
+    if let Some(v) = url.take("on_disconnect") {
+        o.on_disconnect = match v.as_str() {
+            "lose" => OnDisconnect::Lose,
+            w if w.starts_with("wait:") => {
+                OnDisconnect::WaitUpTo(parse_duration("on_disconnect", &w[5..]).map_err(|_| {
+                    url.invalid_option("on_disconnect", &v, "use lose or wait:<duration>")
+                })?)
+            }
+            _ => {
+                return Err(url.invalid_option("on_disconnect", &v, "use lose or wait:<duration>"));
+            }
+        };
+    }
+    if let Some(v) = url.take("acl") {
+        o.acl = match v.as_str() {
+            "open" => NodeAcl::Open,
+            "creator" => NodeAcl::CreatorOnly,
+            _ => return Err(url.invalid_option("acl", &v, "use open or creator")),
+        };
+    }
+    o.digest = url.user.as_ref().map(|(u, p)| format!("{u}:{p}"));
+    let hosts = url.endpoints()?.join(",");
+    let chroot = url.path.trim_end_matches('/');
+    Ok((format!("{hosts}{chroot}"), o))
+}
