@@ -205,7 +205,11 @@ impl RedisBackend {
 
     /// Joins the release notifications of `keys`' lock (shared per client).
     pub(crate) async fn subscribe_releases(&self, keys: &LockKeys) -> Result<Subscription> {
-        self.with_timeout(self.notifier.subscribe(&keys.channel, &self.conn))
+        self.subscribe(&keys.channel).await
+    }
+
+    async fn subscribe(&self, channel: &str) -> Result<Subscription> {
+        self.with_timeout(self.notifier.subscribe(channel, &self.conn))
             .await
     }
 
@@ -259,7 +263,7 @@ impl RedisBackend {
                     .arg(ttl.as_millis().max(1) as u64)
                     .arg(u8::from(waiting))
                     .arg(WAITER_TTL.as_millis() as u64)
-                    .arg(&keys.channel)
+                    .arg(&keys.turn)
                     .invoke_async(&mut conn),
             )
             .await;
@@ -314,6 +318,7 @@ impl RedisBackend {
                     .key(&keys.alive)
                     .arg(secret.expose_hex())
                     .arg(&keys.channel)
+                    .arg(&keys.turn)
                     .invoke_async(&mut conn),
             )
             .await?;
@@ -331,7 +336,7 @@ impl RedisBackend {
                     .key(&keys.alive)
                     .key(&keys.lock)
                     .arg(secret.expose_hex())
-                    .arg(&keys.channel)
+                    .arg(&keys.turn)
                     .invoke_async(&mut conn),
             )
             .await;
@@ -496,16 +501,17 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    /// Waits in the name's queue: subscribed before the first try (so no release is missed),
-    /// woken only by a release that names us (or nobody), re-checking when the holder's TTL runs
-    /// out and at least every second (which keeps our place). Leaves the queue on timeout, error
-    /// or cancellation.
+    /// Waits in the name's queue. The first try goes out alone (an uncontended acquire is one
+    /// script call); when it finds the lock taken, the waiter subscribes to its own turn channel
+    /// and tries again at once, so a release between the two is not missed. Then it is woken
+    /// only when its turn comes (a connection drop too), and re-checks when the holder's TTL runs out and at least every second
+    /// (which keeps its place). Leaves the queue on timeout, error or cancellation.
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
         let keys = self.keys(name);
         let secret = OwnerSecret::random()?;
         let me = secret.expose_hex();
         let started = Instant::now();
-        let mut released = self.subscribe_releases(&keys).await?;
+        let mut released: Option<Subscription> = None;
         let mut queued = QueueGuard {
             backend: self,
             keys: &keys,
@@ -535,12 +541,23 @@ impl LockBackend for RedisBackend {
                     waited: now - started,
                 });
             }
+            let Some(sub) = released.as_mut() else {
+                let turn = format!("{}{me}", keys.turn);
+                match self.subscribe(&turn).await {
+                    Ok(sub) => released = Some(sub),
+                    Err(e) => {
+                        queued.leave().await;
+                        return Err(e);
+                    }
+                }
+                continue;
+            };
             // Negative: the lock is free but promised to the waiter ahead of us.
             let wait =
                 u64::try_from(pttl_ms).map_or(RECHECK, |ms| Duration::from_millis(ms).min(RECHECK));
             let jitter = Duration::from_micros(rand::rng().random_range(0..2_000));
             tokio::select! {
-                _ = released.turn_of(&me) => {}
+                _ = sub.released() => {}
                 _ = sleep_until((now + wait + jitter).min(deadline)) => {}
             }
         }

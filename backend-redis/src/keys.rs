@@ -7,7 +7,8 @@
 //! |---|---|---|
 //! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held |
 //! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
-//! | `{p:B}:released:<encoded n>` | pub/sub channel | on every release, the id of the waiter whose turn it is |
+//! | `{p:B}:released:<encoded n>` | pub/sub channel | a message on a release nobody queued for (Redlock waiters) |
+//! | `{p:B}:turn:<owner secret hex>` | pub/sub channel | "your turn", to the one queued waiter a release (or a departure) hands the lock to |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
 //!
@@ -36,6 +37,8 @@ pub struct LockKeys {
     pub queue: String,
     /// The waiters' liveness deadlines.
     pub alive: String,
+    /// The prefix of each waiter's own "your turn" channel (followed by its secret).
+    pub turn: String,
 }
 
 /// FNV-1a, 64 bits: small, stable across versions and platforms.
@@ -84,6 +87,7 @@ pub fn lock_keys(prefix: &str, name: &LockName) -> LockKeys {
         channel: format!("{tag}:released:{encoded}"),
         queue: format!("{tag}:queue:{encoded}"),
         alive: format!("{tag}:alive:{encoded}"),
+        turn: format!("{tag}:turn:"),
     }
 }
 
@@ -95,7 +99,7 @@ mod tests {
     fn keys_share_one_hash_tag_and_the_bucket_is_stable() {
         let k = lock_keys("distlock", &LockName::new("orders/42").expect("valid"));
         let tag = &k.lock[..k.lock.find('}').expect("tag") + 1];
-        for key in [&k.fence, &k.channel, &k.queue, &k.alive] {
+        for key in [&k.fence, &k.channel, &k.queue, &k.alive, &k.turn] {
             assert!(key.starts_with(tag), "{key}");
         }
         // Pinned: the bucket function is part of the on-server format.

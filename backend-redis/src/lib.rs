@@ -11,12 +11,13 @@
 //! * **Watchdog renewals are batched**: the generic watchdog hands every lease due in a tick to
 //!   [`distlock_api::LockBackend::renew_batch`], which renews them all in one script call (one
 //!   per hash slot on Cluster), so 10 000 held leases cost one call per tick, not 10 000.
-//! * **Waiting, FIFO**: a waiter joins the name's server-side queue (arrival order) and
-//!   subscribes to the name's release channel (one subscription per name per client, carried as
-//!   RESP3 pushes on the client's one connection). A release names the live head of the queue,
-//!   and only that waiter retries: one wake-up per hand-over, not a herd. Waiters re-check when
-//!   the holder's TTL runs out and at least every second, which keeps their place; a crashed
-//!   waiter is dropped after 3 s, one that gives up leaves at once.
+//! * **Waiting, FIFO**: a waiter's first try goes out alone (an uncontended acquire is one
+//!   script call). When the lock is taken, the waiter is queued on the server (arrival order),
+//!   subscribes to its own turn channel (RESP3 pushes on the client's one connection, no extra
+//!   connection) and tries again at once. A release tells only the live head of the queue, on
+//!   its channel: one wake-up per hand-over, not a herd. Waiters re-check when the holder's TTL
+//!   runs out and at least every second, which keeps their place; a crashed waiter is dropped
+//!   after 3 s, one that gives up leaves at once.
 //! * **Key layout** ([`keys`]): lock key, bucket counter and channel share one hash tag; at most
 //!   1 024 counter keys per prefix ever, so names do not leak keys; the queue keys expire when
 //!   nobody waits.

@@ -1,22 +1,18 @@
 //! Release notifications: one subscription per channel per client, shared by all its waiters,
-//! carried as RESP3 pushes on the client's one connection (no extra subscriber connection).
-//! A release message names the waiter whose turn it is (or nobody: anyone may try); each
-//! waiter of the client sees every message and wakes only for its own name.
+//! carried as RESP3 pushes on the client's one connection (no extra subscriber connection). A
+//! queued waiter listens on its own turn channel; Redlock waiters on the name's channel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redis::{PushInfo, PushKind, Value};
-use tokio::sync::broadcast;
+use tokio::sync::watch;
 
 use crate::conn::Conn;
 
-/// Messages kept for a waiter that is busy (re-trying) when they arrive; one that falls further
-/// behind retries at once, which is always safe.
-const BACKLOG: usize = 64;
-
 struct Channel {
-    releases: broadcast::Sender<Arc<str>>,
+    /// Bumped by every message: a waiter that was busy when it came still sees the change.
+    releases: watch::Sender<u64>,
     waiters: usize,
 }
 
@@ -24,6 +20,9 @@ struct Channel {
 #[derive(Default)]
 pub(crate) struct Notifier {
     channels: Mutex<HashMap<String, Channel>>,
+    /// Held while a SUBSCRIBE or UNSUBSCRIBE is decided and sent, so a late unsubscribe can
+    /// never overtake the subscribe of a waiter that joined after the last one left.
+    commands: tokio::sync::Mutex<()>,
 }
 
 impl Notifier {
@@ -36,13 +35,11 @@ impl Notifier {
         let channels = self.lock();
         match push.kind {
             PushKind::Message => {
-                if let (Some(Value::BulkString(name)), Some(Value::BulkString(payload))) =
-                    (push.data.first(), push.data.get(1))
+                if let Some(Value::BulkString(name)) = push.data.first()
                     && let Ok(name) = std::str::from_utf8(name)
                     && let Some(c) = channels.get(name)
                 {
-                    let turn: Arc<str> = String::from_utf8_lossy(payload).into();
-                    let _ = c.releases.send(turn);
+                    c.releases.send_modify(|n| *n += 1);
                 }
             }
             // The connection dropped: a release may have been missed, so every waiter retries now
@@ -73,7 +70,7 @@ impl Notifier {
             let c = channels
                 .entry(channel.to_string())
                 .or_insert_with(|| Channel {
-                    releases: broadcast::Sender::new(BACKLOG),
+                    releases: watch::Sender::new(0),
                     waiters: 0,
                 });
             c.waiters += 1;
@@ -86,6 +83,7 @@ impl Notifier {
             releases,
         };
         if first {
+            let _order = self.commands.lock().await;
             // On error, `sub` drops and leaves the channel again.
             conn.subscribe(channel).await?;
         }
@@ -93,10 +91,10 @@ impl Notifier {
     }
 }
 
-/// "Anyone may try" to every waiter of every channel.
+/// Every waiter of every channel retries.
 fn wake(channels: &HashMap<String, Channel>) {
     for c in channels.values() {
-        let _ = c.releases.send(Arc::from(""));
+        c.releases.send_modify(|n| *n += 1);
     }
 }
 
@@ -105,34 +103,17 @@ pub(crate) struct Subscription {
     notifier: Arc<Notifier>,
     channel: String,
     conn: Conn,
-    releases: broadcast::Receiver<Arc<str>>,
+    releases: watch::Receiver<u64>,
 }
 
 impl Subscription {
-    /// Resolves at the next release message (or connection drop), whoever it names.
+    /// Resolves at the next message (or connection drop) after the last call.
     ///
     /// # Cancel safety
     /// Cancel safe: a message that arrives while nobody waits is kept for the next call.
     pub(crate) async fn released(&mut self) {
-        if let Err(broadcast::error::RecvError::Closed) = self.releases.recv().await {
+        if self.releases.changed().await.is_err() {
             std::future::pending::<()>().await;
-        }
-    }
-
-    /// Resolves at the next message that names `me`, or nobody in particular (a release with
-    /// no queue, a connection drop), or when messages were missed (then retrying is the safe
-    /// answer). Messages naming other waiters are skipped.
-    ///
-    /// # Cancel safety
-    /// Cancel safe, as [`Subscription::released`].
-    pub(crate) async fn turn_of(&mut self, me: &str) {
-        loop {
-            match self.releases.recv().await {
-                Ok(turn) if turn.is_empty() || &*turn == me => return,
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => return,
-                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
-            }
         }
     }
 }
@@ -160,6 +141,7 @@ impl Drop for Subscription {
                 self.conn.clone(),
             );
             rt.spawn(async move {
+                let _order = notifier.commands.lock().await;
                 // A new waiter may have joined meanwhile; then the subscription stays.
                 if !notifier.lock().contains_key(&channel) {
                     let _ = conn.unsubscribe(&channel).await;

@@ -5,7 +5,7 @@
 //! check compares the first 33 bytes with `<secret>:`.
 //!
 //! Waiters queue in arrival order (a sorted set scored by server time) with a liveness set
-//! (scored by expiry, refreshed at every re-check): a release names the live head on the
+//! (scored by expiry, refreshed at every re-check): a release tells the live head on its own
 //! channel, and a free lock promised to a live head is refused to everyone else. A waiter that
 //! crashed stops refreshing and is dropped within the waiter TTL; one that gives up leaves at
 //! once ([`LEAVE`]). Both sets carry that TTL, so a name nobody waits on leaves no key behind.
@@ -36,13 +36,14 @@ local function now_ms()
 end
 "#;
 
-/// KEYS: lock, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms, channel.
+/// KEYS: lock, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms, turn
+/// channel prefix.
 /// * Ours already (a retry after a lost reply): refresh the TTL, return `{1, token}`.
 /// * Held by another: a waiter joins the queue (arrival order, first join only) and refreshes
 ///   its liveness; return `{0, pttl}` (the next re-check bound).
 /// * Free, but a live waiter other than us heads the queue: it is promised to that waiter; a
 ///   waiter joins the queue; return `{0, -3}`. If dead waiters were just dropped, the new head
-///   is told on the channel.
+///   is told on its turn channel.
 /// * Free and nobody else queued: INCR the bucket counter, SET the lock with PX, leave the
 ///   queue, return `{1, token}`.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -79,7 +80,7 @@ end
 if head and head ~= me then
   join()
   if purged > 0 then
-    redis.call('PUBLISH', ARGV[5], head)
+    redis.call('PUBLISH', ARGV[5] .. head, '1')
   end
   return {{0, -3}}
 end
@@ -94,7 +95,7 @@ return {{1, token}}
     ))
 });
 
-/// KEYS: queue, alive, lock. ARGV: secret, channel.
+/// KEYS: queue, alive, lock. ARGV: secret, turn channel prefix.
 /// A waiter that gives up (timeout, error, cancellation) leaves the queue; if the lock is free,
 /// the new head is told at once instead of at its next re-check.
 pub static LEAVE: LazyLock<Script> = LazyLock::new(|| {
@@ -106,7 +107,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
   purge(KEYS[1], KEYS[2], now_ms())
   local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
   if head then
-    redis.call('PUBLISH', ARGV[2], head)
+    redis.call('PUBLISH', ARGV[2] .. head, '1')
   end
 end
 return 1
@@ -135,10 +136,10 @@ return out
     )
 });
 
-/// KEYS: lock, queue, alive. ARGV: secret, channel. DEL only if ours, then PUBLISH the id of the
-/// waiter that heads the queue (dead waiters dropped first), or an empty message when nobody
-/// queued ("anyone may try": Redlock waiters, which do not queue). Only the named waiter
-/// retries, so a release wakes one waiter, not all of them.
+/// KEYS: lock, queue, alive. ARGV: secret, channel, turn channel prefix. DEL only if ours, then
+/// PUBLISH "your turn" on the own channel of the waiter that heads the queue (dead waiters
+/// dropped first), or on the name's channel when nobody queued (Redlock waiters, which do not
+/// queue). One message to one waiter: a release wakes one connection, not every waiter's.
 /// Returns 1 if released, 0 if it was not ours (never deletes another owner's lock).
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -146,12 +147,16 @@ pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, 33) == ARGV[1] .. ':' then
   redis.call('DEL', KEYS[1])
-  local head = ''
+  local head = nil
   if redis.call('EXISTS', KEYS[2]) == 1 then
     purge(KEYS[2], KEYS[3], now_ms())
-    head = redis.call('ZRANGE', KEYS[2], 0, 0)[1] or ''
+    head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   end
-  redis.call('PUBLISH', ARGV[2], head)
+  if head then
+    redis.call('PUBLISH', ARGV[3] .. head, '1')
+  else
+    redis.call('PUBLISH', ARGV[2], '1')
+  end
   return 1
 end
 return 0
