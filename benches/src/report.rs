@@ -118,8 +118,85 @@ impl Report {
                 opt(s.held.round_trips_per_tick, 1),
             ));
         }
+        md.push_str(&self.targets());
         md.push_str("\n![hand-over latency](bench-handover.svg)\n");
         md
+    }
+
+    /// The targets, read off this run's figures.
+    fn targets(&self) -> String {
+        let mark = |ok: bool| if ok { "met" } else { "NOT met" };
+        let mut out = String::from(
+            "\n## Targets, read off this run\n\n| target | figure | verdict |\n|---|---|---|\n",
+        );
+        for r in self
+            .uncontended
+            .iter()
+            .filter(|r| !r.backend.starts_with("rslock"))
+        {
+            if let Some(ratio) = r.ratio_throughput {
+                out.push_str(&format!(
+                    "| uncontended ours/raw >= 0.9, {} | {ratio:.2} | {} |\n",
+                    r.backend,
+                    mark(ratio >= 0.9)
+                ));
+            }
+        }
+        for h in self
+            .handover
+            .iter()
+            .filter(|h| !h.backend.starts_with("rslock"))
+        {
+            if let Some(rtt) = h.rtt_p50_us {
+                let x = h.stats.p50_us / rtt;
+                out.push_str(&format!(
+                    "| hand-over p50 <= 3 x RTT, {} x{} | {x:.1} x | {} |\n",
+                    h.backend,
+                    h.clients,
+                    mark(x <= 3.0)
+                ));
+            }
+        }
+        let find = |list: &[Uncontended], name: &str| {
+            list.iter()
+                .find(|r| r.backend == name)
+                .map(|r| r.ours.per_sec)
+        };
+        if let (Some(ours), Some(peer)) = (
+            find(&self.uncontended, "redis"),
+            find(&self.uncontended, "rslock (1 server)"),
+        ) {
+            out.push_str(&format!(
+                "| Redis uncontended >= rslock | {:.2} x | {} |\n",
+                ours / peer,
+                mark(ours >= peer)
+            ));
+        }
+        for clients in [8, 64] {
+            let rate = |name: &str| {
+                self.handover
+                    .iter()
+                    .find(|h| h.backend == name && h.clients == clients)
+                    .map(|h| h.stats.per_sec)
+            };
+            if let (Some(ours), Some(peer)) = (rate("redis"), rate("rslock (1 server)")) {
+                out.push_str(&format!(
+                    "| Redis hand-over x{clients} >= rslock | {:.1} x | {} |\n",
+                    ours / peer.max(1e-9),
+                    mark(ours >= peer)
+                ));
+            }
+        }
+        for s in &self.scale {
+            out.push_str(&format!(
+                "| {} leases held, {}: RSS growth < 50 MB | {:.1} MB | {} |\n",
+                s.held.leases,
+                s.backend,
+                s.held.rss_growth_mb,
+                mark(s.held.rss_growth_mb < 50.0)
+            ));
+        }
+        out
     }
 
     /// Horizontal bars of hand-over p50 and p99 per backend and client count, log scale.
