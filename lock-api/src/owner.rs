@@ -27,7 +27,14 @@ impl OwnerSecret {
 
     /// The secret as 32 lowercase hex characters, for writing into the backend. Backends only.
     pub fn expose_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        // On every acquire, renewal and release: no formatter, one allocation.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(self.0.len() * 2);
+        for b in self.0 {
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0x0f)]));
+        }
+        out
     }
 }
 
@@ -103,5 +110,13 @@ mod tests {
         assert_eq!(a.expose_hex().len(), 32);
         let dbg = format!("{a:?}");
         assert!(!dbg.contains(&a.expose_hex()), "{dbg}");
+    }
+
+    #[test]
+    fn hex_is_lowercase_and_keeps_byte_order() {
+        let s = OwnerSecret([
+            0x00, 0x01, 0xab, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0x9c,
+        ]);
+        assert_eq!(s.expose_hex(), "0001abff00000000000000000000109c");
     }
 }
