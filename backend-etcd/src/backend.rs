@@ -503,10 +503,7 @@ impl LockBackend for EtcdBackend {
     /// A keep-alive of the session lease, then a check that our key is still there: the lease
     /// TTL counts from this renewal's send time; a missing key or lease is "not held".
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        self.renew_batch(&[(key, ttl)])
-            .await
-            .pop()
-            .unwrap_or(Ok(Renewal::NotHeld))
+        distlock_api::renew_as_batch(self, key, ttl).await
     }
 
     /// Session level: per session (a client has one), a keep-alive and a `LeaseTimeToLive` that

@@ -564,10 +564,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        self.renew_batch(&[(key, ttl)])
-            .await
-            .pop()
-            .unwrap_or(Ok(Renewal::NotHeld))
+        distlock_api::renew_as_batch(self, key, ttl).await
     }
 
     /// One script call for the whole batch on a single server or Sentinel master; one per hash

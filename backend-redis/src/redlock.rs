@@ -275,10 +275,7 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        self.renew_batch(&[(key, ttl)])
-            .await
-            .pop()
-            .unwrap_or(Ok(Renewal::NotHeld))
+        distlock_api::renew_as_batch(self, key, ttl).await
     }
 
     /// One batched renewal per node (concurrently), then a majority count per lease.

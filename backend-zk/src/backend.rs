@@ -537,10 +537,7 @@ impl LockBackend for ZkBackend {
     /// The session heartbeat is the renewal; this checks the session is alive and our node still
     /// holds our secret.
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        self.renew_batch(&[(key, ttl)])
-            .await
-            .pop()
-            .unwrap_or(Ok(Renewal::NotHeld))
+        distlock_api::renew_as_batch(self, key, ttl).await
     }
 
     /// Session level: the session heartbeat keeps every node alive, so a renewal only confirms,

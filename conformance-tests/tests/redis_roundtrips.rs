@@ -28,12 +28,12 @@ async fn script_calls(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_and_release_are_one_script_call_each() {
+/// A server, an admin connection that reads its counters, and a lock client on it.
+async fn setup() -> (RedisServer, redis::aio::MultiplexedConnection, LockClient) {
     let server = tokio::task::spawn_blocking(|| RedisServer::start().expect("redis"))
         .await
         .expect("start");
-    let mut admin = redis::Client::open(server.url())
+    let admin = redis::Client::open(server.url())
         .expect("url")
         .get_multiplexed_async_connection()
         .await
@@ -42,6 +42,12 @@ async fn acquire_and_release_are_one_script_call_each() {
         .await
         .expect("connect");
     let locks = LockClient::new(Arc::new(backend));
+    (server, admin, locks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_and_release_are_one_script_call_each() {
+    let (_server, mut admin, locks) = setup().await;
     // A fixed lease: no watchdog renewal may run between the counts.
     let opts = AcquireOptions::with_ttl(Duration::from_secs(30)).fixed();
     // Warm up: the first call of each script also loads it (NOSCRIPT, SCRIPT LOAD).
@@ -73,18 +79,7 @@ async fn acquire_and_release_are_one_script_call_each() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watchdog_tick_for_100_leases_is_one_script_call() {
-    let server = tokio::task::spawn_blocking(|| RedisServer::start().expect("redis"))
-        .await
-        .expect("start");
-    let mut admin = redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin");
-    let backend = RedisBackend::connect(&server.url(), RedisOptions::default())
-        .await
-        .expect("connect");
-    let locks = LockClient::new(Arc::new(backend));
+    let (_server, mut admin, locks) = setup().await;
     // Renewed every second.
     let opts = AcquireOptions::with_ttl(Duration::from_secs(3));
     let mut leases = Vec::new();

@@ -99,3 +99,17 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
     /// Releases a grant; returns whether we still held it. Never touches another owner's lock.
     async fn release(&self, key: &GrantKey) -> Result<bool>;
 }
+
+/// [`LockBackend::renew`] for a backend whose batched renewal is the primitive: a batch of one.
+/// A batch that answers nothing counts as "not held", never as renewed.
+pub async fn renew_as_batch<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &GrantKey,
+    ttl: Duration,
+) -> Result<Renewal> {
+    backend
+        .renew_batch(&[(key, ttl)])
+        .await
+        .pop()
+        .unwrap_or(Ok(Renewal::NotHeld))
+}

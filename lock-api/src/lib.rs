@@ -55,7 +55,7 @@ mod signal;
 pub mod url;
 mod watchdog;
 
-pub use backend::{Grant, GrantKey, LockBackend, Renewal};
+pub use backend::{Grant, GrantKey, LockBackend, Renewal, renew_as_batch};
 pub use client::LockClient;
 pub use error::{LockError, LostReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};

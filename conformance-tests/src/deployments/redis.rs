@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_redis::{RedisBackend, RedisOptions, keys::lock_keys};
+use redis::aio::ConnectionLike;
 
 use crate::Factory;
 use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults, shared_or_new};
@@ -33,6 +34,33 @@ pub fn options() -> RedisOptions {
         connect_timeout: Duration::from_secs(2),
         ..RedisOptions::default()
     }
+}
+
+/// The holder's key plus the queued waiters of `name`, read through any admin connection (a
+/// single server's or a cluster's).
+pub(crate) async fn artifacts(admin: &mut impl ConnectionLike, name: &LockName) -> usize {
+    let keys = lock_keys(&options().prefix, name);
+    let held: i64 = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query_async(admin)
+        .await
+        .expect("EXISTS");
+    let queued: i64 = redis::cmd("ZCARD")
+        .arg(&keys.queue)
+        .query_async(admin)
+        .await
+        .expect("ZCARD");
+    (held + queued) as usize
+}
+
+/// Deletes `name`'s lock key behind its holder's back.
+pub(crate) async fn delete_lock(admin: &mut impl ConnectionLike, name: &LockName) {
+    let n: i64 = redis::cmd("DEL")
+        .arg(lock_keys(&options().prefix, name).lock)
+        .query_async(admin)
+        .await
+        .expect("DEL");
+    assert_eq!(n, 1, "nothing to delete");
 }
 
 async fn deploy(shared: bool) -> Arc<RedisDeployment> {
@@ -100,29 +128,11 @@ impl Deployment for RedisDeployment {
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {
-        // The holder's key plus the queued waiters.
-        let keys = lock_keys(&options().prefix, name);
-        let mut admin = self.admin.clone();
-        let held: i64 = redis::cmd("EXISTS")
-            .arg(&keys.lock)
-            .query_async(&mut admin)
-            .await
-            .expect("EXISTS");
-        let queued: i64 = redis::cmd("ZCARD")
-            .arg(&keys.queue)
-            .query_async(&mut admin)
-            .await
-            .expect("ZCARD");
-        (held + queued) as usize
+        artifacts(&mut self.admin.clone(), name).await
     }
 
     async fn delete_lock(&self, name: &LockName) {
-        let n: i64 = redis::cmd("DEL")
-            .arg(lock_keys(&options().prefix, name).lock)
-            .query_async(&mut self.admin.clone())
-            .await
-            .expect("DEL");
-        assert_eq!(n, 1, "nothing to delete");
+        delete_lock(&mut self.admin.clone(), name).await
     }
 
     fn ttl(&self) -> Duration {

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{Capabilities, LockBackend, LockName};
-use distlock_redis::{RedisBackend, keys::lock_keys};
+use distlock_redis::RedisBackend;
 
-use super::redis::options;
+use super::redis::{artifacts, delete_lock, options};
 use crate::Factory;
 use crate::deployment::{Cut, Deployment, ServerFaults, kill_all, restart_all, shared_or_new};
 use crate::harness::RedisCluster;
@@ -126,29 +126,11 @@ impl Deployment for ClusterDeployment {
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {
-        // The holder's key plus the queued waiters.
-        let keys = lock_keys(&options().prefix, name);
-        let mut admin = self.admin.clone();
-        let held: i64 = redis::cmd("EXISTS")
-            .arg(&keys.lock)
-            .query_async(&mut admin)
-            .await
-            .expect("EXISTS");
-        let queued: i64 = redis::cmd("ZCARD")
-            .arg(&keys.queue)
-            .query_async(&mut admin)
-            .await
-            .expect("ZCARD");
-        (held + queued) as usize
+        artifacts(&mut self.admin.clone(), name).await
     }
 
     async fn delete_lock(&self, name: &LockName) {
-        let n: i64 = redis::cmd("DEL")
-            .arg(lock_keys(&options().prefix, name).lock)
-            .query_async(&mut self.admin.clone())
-            .await
-            .expect("DEL");
-        assert_eq!(n, 1, "nothing to delete");
+        delete_lock(&mut self.admin.clone(), name).await
     }
 
     fn ttl(&self) -> Duration {
