@@ -17,7 +17,7 @@ use futures_util::future::join_all;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::config::EtcdOptions;
-use crate::keys::{attempt_key, name_prefix};
+use crate::keys::{attempt_key, name_prefix, parse_attempt_key};
 use crate::session::Session;
 
 /// What the etcd backend declares: correctness grade, cluster-wide monotonic fencing (create
@@ -356,15 +356,14 @@ impl EtcdBackend {
         let started = Instant::now();
         let session = self.session().await?;
         let prefix = self.name_prefix(name);
-        let key = attempt_key(
-            &self.inner.options.prefix,
-            name,
-            session.lease,
-            rand::random(),
-        );
         let secret = OwnerSecret::random()?;
+        let slot = session.take_slot(&prefix, &secret.expose_hex());
+        let key = attempt_key(&self.inner.options.prefix, name, session.lease, slot);
         let mut queued = QueuedKey {
             backend: self.clone(),
+            session: session.clone(),
+            prefix: prefix.clone(),
+            slot,
             key: Some(key.clone()),
         };
         let (my_rev, first) = self.enqueue(&prefix, &key, session.lease, &secret).await?;
@@ -413,9 +412,13 @@ impl EtcdBackend {
 
 /// Our attempt key while we are not (yet) its holder: dropped armed (try-acquire lost, timeout,
 /// error, or the acquire future was dropped), it deletes the key in the background, retried and
-/// bounded; the session TTL is the fallback.
+/// bounded, and gives its slot back once the delete went through; the session TTL is the
+/// fallback (and the slot then stays taken, so the key is never reused while it may exist).
 struct QueuedKey {
     backend: EtcdBackend,
+    session: Arc<Session>,
+    prefix: String,
+    slot: u64,
     key: Option<String>,
 }
 
@@ -423,26 +426,27 @@ impl QueuedKey {
     /// Deletes the key now (the caller waits), so a failed acquire returns with nothing left.
     async fn remove(mut self) {
         if let Some(key) = self.key.take() {
-            delete_with_retries(&self.backend, &key).await;
+            self.delete(&key).await;
         }
     }
-}
 
-async fn delete_with_retries(backend: &EtcdBackend, key: &str) {
-    for attempt in 0..CLEANUP_TRIES {
-        if backend
-            .call(|mut c| async move { c.delete(key, None).await })
-            .await
-            .is_ok()
-        {
-            return;
+    async fn delete(&self, key: &str) {
+        for attempt in 0..CLEANUP_TRIES {
+            let deleted = self
+                .backend
+                .call(|mut c| async move { c.delete(key, None).await })
+                .await;
+            if deleted.is_ok() {
+                self.session.free_slot(&self.prefix, self.slot);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+        tracing::warn!(
+            key,
+            "distlock etcd: could not delete a queue key; the session TTL will"
+        );
     }
-    tracing::warn!(
-        key,
-        "distlock etcd: could not delete a queue key; the session TTL will"
-    );
 }
 
 impl Drop for QueuedKey {
@@ -451,8 +455,14 @@ impl Drop for QueuedKey {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let backend = self.backend.clone();
-        rt.spawn(async move { delete_with_retries(&backend, &key).await });
+        let rest = QueuedKey {
+            backend: self.backend.clone(),
+            session: self.session.clone(),
+            prefix: std::mem::take(&mut self.prefix),
+            slot: self.slot,
+            key: None,
+        };
+        rt.spawn(async move { rest.delete(&key).await });
     }
 }
 
@@ -509,12 +519,12 @@ impl LockBackend for EtcdBackend {
     /// Session level: per session (a client has one), a keep-alive and a `LeaseTimeToLive` that
     /// lists the keys attached to the lease, sent together: one round trip per tick whatever the
     /// number of leases. A lease is renewed when its session answered the keep-alive and its key
-    /// is still attached (its path names our lease and a random attempt, so attached means ours;
-    /// a key deleted by anyone else is "not held").
+    /// is still attached and its slot is held with the grant's secret (the path names our lease
+    /// and that slot, so attached means ours; a key deleted by anyone else is "not held").
     async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
         let mut sessions: Vec<(i64, Option<Arc<Session>>)> = Vec::new();
         for (key, _) in batch {
-            if let Some(lease) = lease_of(&key.resource)
+            if let Some(lease) = parse_attempt_key(&key.resource).map(|(l, _)| l)
                 && !sessions.iter().any(|(l, _)| *l == lease)
             {
                 sessions.push((lease, self.session_of(lease).filter(|s| !s.is_lost())));
@@ -542,8 +552,16 @@ impl LockBackend for EtcdBackend {
         batch
             .iter()
             .map(|(key, _)| {
-                let at = lease_of(&key.resource)
-                    .and_then(|l| sessions.iter().position(|(s, _)| *s == l));
+                // Ours only if the slot is held with this secret (a forged key is not).
+                let at = parse_attempt_key(&key.resource).and_then(|(lease, slot)| {
+                    let i = sessions.iter().position(|(l, _)| *l == lease)?;
+                    let prefix = self.name_prefix(&key.name);
+                    sessions[i]
+                        .1
+                        .as_ref()
+                        .is_some_and(|s| s.holds_slot(&prefix, slot, &key.secret.expose_hex()))
+                        .then_some(i)
+                });
                 match at.map(|i| &checks[i]) {
                     None | Some(Ok(None)) => Ok(Renewal::NotHeld),
                     Some(Err(e)) => Err(e.for_each_item()),
@@ -559,29 +577,38 @@ impl LockBackend for EtcdBackend {
             .collect()
     }
 
-    /// Deletes our attempt key if it still holds our secret (never the session lease, which
-    /// other locks share).
+    /// Deletes our attempt key. On a session of this client (the usual case) the secret is
+    /// checked against the slot's holder without a server call, then a plain delete goes out: the
+    /// key path (our session lease, a slot this grant holds until now) names this grant alone
+    /// (see [`crate::keys`]), and it was held if there was a key to delete; the slot is given
+    /// back once the delete went through. A key of a session this client no longer tracks is
+    /// deleted only if its value is the secret (a compare-and-delete txn).
     async fn release(&self, key: &GrantKey) -> Result<bool> {
-        let txn = Txn::new()
-            .when([Compare::value(
-                key.resource.as_str(),
-                CompareOp::Equal,
-                key.secret.expose_hex(),
-            )])
-            .and_then([TxnOp::delete(key.resource.as_str(), None)]);
-        Ok(self
-            .call(|mut c| {
-                let t = txn.clone();
-                async move { c.txn(t).await }
-            })
-            .await?
-            .succeeded())
+        let path = key.resource.as_str();
+        let secret = key.secret.expose_hex();
+        let Some((lease, slot)) = parse_attempt_key(path) else {
+            return Ok(false);
+        };
+        let Some(session) = self.session_of(lease) else {
+            let txn = Txn::new()
+                .when([Compare::value(path, CompareOp::Equal, secret)])
+                .and_then([TxnOp::delete(path, None)]);
+            return Ok(self
+                .call(|mut c| {
+                    let t = txn.clone();
+                    async move { c.txn(t).await }
+                })
+                .await?
+                .succeeded());
+        };
+        let prefix = self.name_prefix(&key.name);
+        if !path.starts_with(&prefix) || !session.holds_slot(&prefix, slot, &secret) {
+            return Ok(false);
+        }
+        let deleted = self
+            .call(|mut c| async move { c.delete(path, None).await })
+            .await?;
+        session.free_slot(&prefix, slot);
+        Ok(deleted.deleted() > 0)
     }
-}
-
-/// The session lease id written into an attempt key.
-fn lease_of(key: &str) -> Option<i64> {
-    let last = key.rsplit('/').next()?;
-    let (lease, _) = last.split_once('.')?;
-    u64::from_str_radix(lease, 16).ok().map(|l| l as i64)
 }

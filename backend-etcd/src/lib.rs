@@ -6,19 +6,23 @@
 //!   session's validity (from the send time of the last confirmed keep-alive, minus drift) runs
 //!   out, every lease of the session fires its lost signal, before etcd can have expired it.
 //!   After a loss the next acquire makes a new lease; old keys are never reused.
-//! * **Acquire**: a txn puts `prefix/<name>/<lease>.<attempt>` if its create revision is 0 and
+//! * **Acquire**: a txn puts `prefix/<name>/<lease>.<slot>` if its create revision is 0 and
 //!   reads the first-created key of the name in the same step; the lowest create revision holds.
-//!   A waiter watches only its nearest predecessor, from the revision it just read + 1 (no missed
-//!   deletion, no herd, no 100 ms "unsynced watcher" stall), and re-checks every lower key after
-//!   each event (a waiter ahead of us expiring does not grant us the lock). Before returning, it
+//!   The slot is reused by the client's next acquire of the name once the key is deleted (never
+//!   before), so etcd's key index does not grow by one entry per acquire. A waiter watches only
+//!   its nearest predecessor with a watch that starts synced (no herd, no 100 ms "unsynced
+//!   watcher" stall), re-checks once if revisions passed before the watch began (no missed
+//!   deletion), and re-checks every lower key after each event (a waiter ahead of us expiring
+//!   does not grant us the lock). Before returning, it
 //!   checks that its own key and session are still alive (etcd #11456). Try-acquire, timeout,
 //!   error, a dead session and a dropped future all delete our key (retried, bounded; the session
 //!   TTL is the fallback).
 //! * **Fencing token** = our key's create revision: cluster-wide, strictly increasing, and
 //!   granted in that order. [`EtcdBackend::guarded_txn`] writes data kept in etcd only while our
 //!   key still exists with that revision.
-//! * **Renew** is one session keep-alive plus a check that our key exists; **release** deletes
-//!   our key, never the shared lease.
+//! * **Renew** is one session keep-alive plus a check that our key exists; **release** checks the
+//!   secret against the slot's holder locally, then deletes our key (one plain delete, as cheap
+//!   as the raw minimum), never the shared lease.
 //! * Reads are linearizable (etcd's default); no serializable read is used for a lock decision.
 //!
 //! # TTL mapping

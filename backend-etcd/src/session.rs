@@ -5,6 +5,7 @@
 //! the lease is gone or when that validity runs out without a successful keep-alive, so every
 //! lock of the session is told before etcd can have expired the lease.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ pub(crate) struct Session {
     refreshed: Mutex<Instant>,
     keeper: Mutex<Option<AbortHandle>>,
     client: Client,
+    /// Attempt-key slots in use, per name prefix, with the secret of the attempt that holds each
+    /// (see [`crate::keys`]): a slot is taken for an attempt and given back only once its key is
+    /// known deleted, so a live key is never reused, and only the holder's secret releases it.
+    slots: Mutex<HashMap<String, BTreeMap<u64, String>>>,
 }
 
 impl Session {
@@ -44,10 +49,40 @@ impl Session {
             refreshed: Mutex::new(sent),
             keeper: Mutex::new(None),
             client,
+            slots: Mutex::new(HashMap::new()),
         });
         let task = tokio::spawn(keep_alive(Arc::downgrade(&session)));
         *session.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
         Ok(session)
+    }
+
+    /// The lowest attempt slot of `prefix` not in use, now taken by the attempt with `secret`.
+    pub(crate) fn take_slot(&self, prefix: &str, secret: &str) -> u64 {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let used = slots.entry(prefix.to_string()).or_default();
+        let free = (0..).find(|n| !used.contains_key(n)).unwrap_or_default();
+        used.insert(free, secret.to_string());
+        free
+    }
+
+    /// Whether `slot` of `prefix` is taken by the attempt with `secret`.
+    pub(crate) fn holds_slot(&self, prefix: &str, slot: u64, secret: &str) -> bool {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .get(prefix)
+            .and_then(|used| used.get(&slot))
+            .is_some_and(|s| s == secret)
+    }
+
+    /// Gives a slot back once its key is deleted (or never written).
+    pub(crate) fn free_slot(&self, prefix: &str, slot: u64) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(used) = slots.get_mut(prefix) {
+            used.remove(&slot);
+            if used.is_empty() {
+                slots.remove(prefix);
+            }
+        }
     }
 
     /// Fires when the session is lost.
