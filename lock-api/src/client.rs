@@ -13,7 +13,7 @@ use crate::lease::{Lease, LeaseShared, LeaseState};
 use crate::name::LockName;
 use crate::options::AcquireOptions;
 use crate::signal::lost_signal;
-use crate::watchdog::{Watchdog, watch_session};
+use crate::watchdog::Watchdog;
 
 /// Acquires leases from one backend. Cheap to clone; all clones share the backend client.
 ///
@@ -169,14 +169,11 @@ impl LockClient {
                 deadline: grant.sent_at,
                 holds: 1,
                 released: false,
-                session_watch: None,
             }),
         });
         shared.state().deadline = shared.validity(grant.sent_at, grant.ttl);
-        if let Some(session) = grant.session {
-            shared.state().session_watch = Some(watch_session(&runtime, &shared, session));
-        }
-        self.watchdog.join(member, &shared, grant.sent_at);
+        self.watchdog
+            .join(member, &shared, grant.sent_at, grant.session);
         if let Some(owner) = &opts.owner {
             owner.insert(hold_key, &shared);
         }

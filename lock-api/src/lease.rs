@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::backend::{GrantKey, LockBackend, Renewal};
@@ -44,8 +43,6 @@ pub(crate) struct LeaseState {
     pub(crate) deadline: Instant,
     pub(crate) holds: usize,
     pub(crate) released: bool,
-    /// The task that fires the lost signal when the backend session dies (etcd, ZooKeeper).
-    pub(crate) session_watch: Option<AbortHandle>,
 }
 
 impl LeaseShared {
@@ -101,9 +98,6 @@ impl LeaseShared {
             return false;
         }
         st.released = true;
-        if let Some(w) = st.session_watch.take() {
-            w.abort();
-        }
         drop(st);
         self.watchdog.leave(self.member);
         if let Some((owner, key)) = &self.owner {

@@ -53,6 +53,18 @@ impl LostTrigger {
 }
 
 impl LostSignal {
+    /// Whether `other` observes the same signal (one backend session shared by many leases).
+    pub(crate) fn same_as(&self, other: &LostSignal) -> bool {
+        self.rx.same_channel(&other.rx)
+    }
+
+    /// Resolves with the reason when the signal fires, or with `None` once its trigger is gone
+    /// without firing (nothing can fire it any more).
+    pub(crate) async fn fired_or_closed(&self) -> Option<LostReason> {
+        let mut rx = self.rx.clone();
+        rx.wait_for(Option::is_some).await.ok().and_then(|r| *r)
+    }
+
     /// The reason, if the signal has fired.
     pub fn get(&self) -> Option<LostReason> {
         *self.rx.borrow()

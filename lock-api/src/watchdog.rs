@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -27,6 +26,7 @@ use crate::backend::{GrantKey, LockBackend, Renewal};
 use crate::error::{LockError, LostReason};
 use crate::lease::LeaseShared;
 use crate::options::LeaseMode;
+use crate::signal::LostSignal;
 
 /// The shortest pause between two failed renewal attempts.
 const MIN_RETRY: Duration = Duration::from_millis(10);
@@ -46,6 +46,9 @@ struct Members {
     task: Option<JoinHandle<()>>,
     /// When the task will wake by itself (`None`: only when notified).
     sleeping_until: Option<Instant>,
+    /// Backend sessions (etcd lease, ZooKeeper session) with a task waiting for their loss: one
+    /// task per session, not per lease.
+    sessions: Vec<LostSignal>,
 }
 
 struct Member {
@@ -55,6 +58,8 @@ struct Member {
     /// The deadline last seen; the lease's own state is the truth (a manual renewal moves it).
     deadline: Instant,
     in_flight: bool,
+    /// The backend session the lease lives on, whose loss is the lease's loss.
+    session: Option<LostSignal>,
 }
 
 impl Member {
@@ -101,8 +106,15 @@ impl Watchdog {
         m.next_id
     }
 
-    /// Starts watching `lease`; its first renewal is due one period after `sent_at`.
-    pub(crate) fn join(self: &Arc<Self>, id: u64, lease: &Arc<LeaseShared>, sent_at: Instant) {
+    /// Starts watching `lease`; its first renewal is due one period after `sent_at`; the loss of
+    /// `session` (if the lease lives on one) fires the lease's lost signal.
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        id: u64,
+        lease: &Arc<LeaseShared>,
+        sent_at: Instant,
+        session: Option<LostSignal>,
+    ) {
         let (deadline, ttl) = {
             let st = lease.state();
             (st.deadline, st.ttl)
@@ -112,9 +124,17 @@ impl Watchdog {
             due: lease.renew_period(ttl).map(|p| sent_at + p),
             deadline,
             in_flight: false,
+            session: session.clone(),
         };
         let wake_at = member.next_wake();
         let mut m = self.members();
+        let unwatched = session.filter(|s| !m.sessions.iter().any(|w| w.same_as(s)));
+        if let Some(s) = &unwatched {
+            m.sessions.push(s.clone());
+            lease
+                .runtime
+                .spawn(watch_session(Arc::downgrade(self), s.clone()));
+        }
         m.map.insert(id, member);
         if m.task.as_ref().is_none_or(JoinHandle::is_finished) {
             // First lease, or the runtime that ran the task is gone: run it on this lease's.
@@ -292,20 +312,22 @@ async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
     watchdog.settle(outcomes);
 }
 
-/// Fires a lease's lost signal when the backend session that carries it dies (etcd lease,
-/// ZooKeeper session). Holds the lease weakly: a released lease aborts it.
-pub(crate) fn watch_session(
-    runtime: &Handle,
-    lease: &Arc<LeaseShared>,
-    session: crate::signal::LostSignal,
-) -> tokio::task::AbortHandle {
-    let lease = Arc::downgrade(lease);
-    runtime
-        .spawn(async move {
-            let reason = session.wait().await;
-            if let Some(lease) = lease.upgrade() {
-                lease.mark_lost(reason);
-            }
-        })
-        .abort_handle()
+/// Waits for one backend session's loss, then fires the lost signal of every lease still on it.
+/// Ends when the session can no longer fire or the client is gone.
+async fn watch_session(watchdog: Weak<Watchdog>, session: LostSignal) {
+    let reason = session.fired_or_closed().await;
+    let Some(w) = watchdog.upgrade() else { return };
+    let mut m = w.members();
+    m.sessions.retain(|s| !s.same_as(&session));
+    let Some(reason) = reason else { return };
+    let hit: Vec<Arc<LeaseShared>> = m
+        .map
+        .values()
+        .filter(|member| member.session.as_ref().is_some_and(|s| s.same_as(&session)))
+        .filter_map(|member| member.lease.upgrade())
+        .collect();
+    drop(m);
+    for lease in hit {
+        lease.mark_lost(reason);
+    }
 }
