@@ -561,3 +561,82 @@ async fn mutual_exclusion_under_contention_real_time() {
     }
     assert_eq!(*counter.lock().unwrap(), 1600);
 }
+
+/// A memory client whose grants live on one shared "session" (as etcd leases and ZooKeeper
+/// sessions do): its loss must reach every lease on it, and no released one.
+#[derive(Debug)]
+struct OnSession {
+    inner: MemoryBackend,
+    session: distlock_api::LostTrigger,
+}
+
+#[async_trait]
+impl LockBackend for OnSession {
+    fn kind(&self) -> &'static str {
+        "on-session"
+    }
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> distlock_api::Result<Grant> {
+        let mut grant = self.inner.try_acquire(name, ttl).await?;
+        grant.session = Some(self.session.subscribe());
+        Ok(grant)
+    }
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> distlock_api::Result<Grant> {
+        let mut grant = self.inner.acquire(name, ttl, deadline).await?;
+        grant.session = Some(self.session.subscribe());
+        Ok(grant)
+    }
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> distlock_api::Result<Renewal> {
+        self.inner.renew(key, ttl).await
+    }
+    async fn release(&self, key: &GrantKey) -> distlock_api::Result<bool> {
+        self.inner.release(key).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_loss_reaches_every_lease_on_it_and_no_released_one() {
+    let (session, _) = distlock_api::lost_signal();
+    let backend = Arc::new(OnSession {
+        inner: MemoryBackend::default(),
+        session,
+    });
+    let c = LockClient::new(backend.clone());
+    let opts = AcquireOptions::with_ttl(TTL);
+    let released = c.try_acquire("s0", &opts).await.unwrap();
+    let signal_of_released = released.lost_signal();
+    assert!(released.release().await.unwrap());
+    let held: Vec<_> = [
+        c.try_acquire("s1", &opts).await.unwrap(),
+        c.try_acquire("s2", &opts).await.unwrap(),
+        c.try_acquire("s3", &opts).await.unwrap(),
+    ]
+    .into();
+    sleep(Duration::from_millis(10)).await;
+    assert!(held.iter().all(|l| l.lost_reason().is_none()));
+    backend.session.fire(LostReason::SessionLost);
+    for lease in &held {
+        assert_eq!(
+            tokio::time::timeout(Duration::from_millis(100), lease.lost()).await,
+            Ok(LostReason::SessionLost)
+        );
+    }
+    assert_eq!(
+        signal_of_released.get(),
+        None,
+        "a released lease was told lost"
+    );
+    // A lease taken on a session that is already lost is told at once.
+    let late = c.try_acquire("s4", &opts).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(Duration::from_millis(100), late.lost()).await,
+        Ok(LostReason::SessionLost)
+    );
+}
