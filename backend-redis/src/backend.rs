@@ -65,6 +65,17 @@ impl std::fmt::Debug for RedisBackend {
 }
 
 /// The outcome of one acquire script call.
+/// How an attempt asks for the lock.
+#[derive(Clone, Copy)]
+pub(crate) enum Ask {
+    /// The [`scripts::ACQUIRE`] script: a fencing token from the name's counter, FIFO queue
+    /// (`waiting`: join it when the lock is taken).
+    Fenced { waiting: bool },
+    /// A plain `SET NX PX` with token 0: for Redlock nodes, which hand out no token and do not
+    /// queue; no script runs, so a node grants at the cost of the raw minimum.
+    Plain,
+}
+
 pub(crate) enum Attempt {
     /// Granted, with this node's counter value.
     Granted(u64),
@@ -243,7 +254,7 @@ impl RedisBackend {
         keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
-        waiting: bool,
+        ask: Ask,
     ) -> Result<Attempt> {
         let mut guard = AttemptGuard {
             backend: self,
@@ -252,21 +263,37 @@ impl RedisBackend {
             armed: true,
         };
         let mut conn = self.conn.clone();
-        let outcome: Result<(i64, i64)> = self
-            .with_timeout(
-                scripts::ACQUIRE
-                    .key(&keys.lock)
-                    .key(&keys.fence)
-                    .key(&keys.queue)
-                    .key(&keys.alive)
-                    .arg(secret.expose_hex())
-                    .arg(ttl.as_millis().max(1) as u64)
-                    .arg(u8::from(waiting))
-                    .arg(WAITER_TTL.as_millis() as u64)
-                    .arg(&keys.turn)
-                    .invoke_async(&mut conn),
-            )
-            .await;
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let outcome: Result<(i64, i64)> = match ask {
+            Ask::Fenced { waiting } => {
+                self.with_timeout(
+                    scripts::ACQUIRE
+                        .key(&keys.lock)
+                        .key(&keys.fence)
+                        .key(&keys.queue)
+                        .key(&keys.alive)
+                        .arg(secret.expose_hex())
+                        .arg(ttl_ms)
+                        .arg(u8::from(waiting))
+                        .arg(WAITER_TTL.as_millis() as u64)
+                        .arg(&keys.turn)
+                        .invoke_async(&mut conn),
+                )
+                .await
+            }
+            Ask::Plain => self
+                .with_timeout(
+                    redis::cmd("SET")
+                        .arg(&keys.lock)
+                        .arg(format!("{}:0", secret.expose_hex()))
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl_ms)
+                        .query_async::<Option<String>>(&mut conn),
+                )
+                .await
+                .map(|set| if set.is_some() { (1, 0) } else { (0, -1) }),
+        };
         let outcome = match outcome {
             Ok((1, token)) => self
                 .replicated(keys)
@@ -493,7 +520,10 @@ impl LockBackend for RedisBackend {
         let keys = self.keys(name);
         let secret = OwnerSecret::random()?;
         let sent = Instant::now();
-        match self.attempt(&keys, &secret, ttl, false).await? {
+        match self
+            .attempt(&keys, &secret, ttl, Ask::Fenced { waiting: false })
+            .await?
+        {
             Attempt::Granted(token) => Ok(self.grant(name, keys, secret, token, ttl, sent)),
             Attempt::Busy { .. } => Err(LockError::Busy {
                 name: name.to_string(),
@@ -520,7 +550,10 @@ impl LockBackend for RedisBackend {
         };
         loop {
             let sent = Instant::now();
-            let pttl_ms = match self.attempt(&keys, &secret, ttl, true).await {
+            let pttl_ms = match self
+                .attempt(&keys, &secret, ttl, Ask::Fenced { waiting: true })
+                .await
+            {
                 Ok(Attempt::Granted(token)) => {
                     // The script took us out of the queue with the grant.
                     queued.armed = false;

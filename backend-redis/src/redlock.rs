@@ -1,7 +1,7 @@
 //! Redlock over N independent Redis masters, on the single-instance scripts.
 //!
-//! * **Acquire**: the same `SET NX PX` script on every node in parallel, each with a short
-//!   timeout; success iff a majority (N/2 + 1) granted *and* the validity
+//! * **Acquire**: a plain `SET <lock> <secret>:0 NX PX <ttl>` on every node in parallel (no
+//!   script: no token, no queue), each with a short timeout; success iff a majority (N/2 + 1) granted *and* the validity
 //!   `TTL - elapsed - (TTL x drift_factor + 2 ms)` is still positive, with `elapsed` measured on
 //!   the monotonic clock from before the first request was sent. The lease's local deadline is
 //!   exactly that validity.
@@ -12,8 +12,8 @@
 //!   majority deleted. A renewal that reaches no majority is retried by the watchdog only until
 //!   the validity deadline (bounded extension: unbounded retries would break liveness), then the
 //!   lost signal fires.
-//! * **No fencing token**: the per-node counters are not one sequence, so nothing monotonic can
-//!   be promised; leases carry no token and `Correctness` is refused.
+//! * **No fencing token**: per-node counters would not be one sequence, so nothing monotonic can
+//!   be promised; no counter is kept, leases carry no token and `Correctness` is refused.
 //!
 //! # Known hazards (asserted in the tests, not hidden)
 //! A node that crashes and restarts empty before the TTL ran out forgets its key, so a second
@@ -33,7 +33,7 @@ use futures_util::future::{join_all, select_all};
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, RedisBackend};
+use crate::backend::{Ask, Attempt, RedisBackend};
 use crate::config::{RedisOptions, RedlockOptions};
 
 /// What Redlock declares: efficiency grade, no fencing token, not FIFO, client-side
@@ -133,7 +133,7 @@ impl RedlockBackend {
         let start = Instant::now();
         let results = join_all(self.nodes.iter().map(|n| {
             let keys = n.keys(name);
-            async move { n.attempt(&keys, secret, ttl, false).await }
+            async move { n.attempt(&keys, secret, ttl, Ask::Plain).await }
         }))
         .await;
         let granted = results
