@@ -25,7 +25,11 @@ async fn keys_are_reused_only_once_free() {
     let (key, token) = (first.backend_key().to_string(), first.fencing_token());
     assert!(first.release().await.expect("release"));
     let second = locks.try_acquire("reuse", &opts).await.expect("acquire");
-    assert_eq!(second.backend_key(), key, "a sequential acquire took a new key");
+    assert_eq!(
+        second.backend_key(),
+        key,
+        "a sequential acquire took a new key"
+    );
     assert!(
         second.fencing_token() > token,
         "the reused key's token did not grow: {:?} after {token:?}",
@@ -36,11 +40,7 @@ async fn keys_are_reused_only_once_free() {
     let waiter = {
         let locks = locks.clone();
         let opts = opts.clone();
-        tokio::spawn(async move {
-            locks
-                .acquire("reuse", &opts, Duration::from_secs(10))
-                .await
-        })
+        tokio::spawn(async move { locks.acquire("reuse", &opts, Duration::from_secs(10)).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let held_token = second.fencing_token();
