@@ -7,7 +7,7 @@
 //! several rounds; the ratios are what to track, since machines are noisy. `--smoke` runs a few
 //! hundred iterations in all, to prove the bench still works (CI runs it).
 //!
-//! Workloads: uncontended pairs (ours, raw minimum, rslock), hand-over with 8 and 64 clients on
+//! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, rslock), hand-over with 8 and 64 clients on
 //! one name, 1 000 names under 256 tasks, and 10 000 leases held with the watchdog on.
 
 mod handover;
@@ -76,6 +76,8 @@ struct Target {
     /// Divides the pair and grant counts (disk-synced stores).
     slow: usize,
     raw: Option<Pair>,
+    /// Our own server requests sent by hand on a raw connection.
+    same: Option<Pair>,
     peer: Option<(&'static str, Vec<String>)>,
     ping: Option<Ping>,
     counter: Counter,
@@ -97,6 +99,18 @@ fn version(cmd: &str, arg: &str) -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .and_then(|s| s.lines().next().map(str::to_string))
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// Adds `pair` (if any) to the contenders; returns its index.
+fn enter<'a>(
+    contenders: &mut Vec<(&'a Pair, &'static str)>,
+    pair: Option<&'a Pair>,
+    name: &'static str,
+) -> Option<usize> {
+    pair.map(|p| {
+        contenders.push((p, name));
+        contenders.len() - 1
+    })
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -132,6 +146,7 @@ async fn main() {
             url: "memory://bench".into(),
             slow: 1,
             raw: None,
+            same: None,
             peer: None,
             ping: None,
             counter: Counter::None,
@@ -141,6 +156,7 @@ async fn main() {
             url: redis.url(),
             slow: 1,
             raw: Some(Pair::raw_redis(&[redis.url()]).await),
+            same: Some(Pair::same_redis(&[redis.url()]).await),
             peer: Some(("rslock (1 server)", vec![redis.url()])),
             ping: Some(Ping::redis(&[redis.url()]).await),
             counter: Counter::Redis(admin),
@@ -151,6 +167,7 @@ async fn main() {
             url: format!("{}?retry_count=1000000", masters.url()),
             slow: 1,
             raw: Some(Pair::raw_redis(&master_urls).await),
+            same: Some(Pair::same_redis(&master_urls).await),
             peer: Some(("rslock x3", master_urls.clone())),
             ping: Some(Ping::redis(&master_urls).await),
             counter: Counter::None,
@@ -163,6 +180,7 @@ async fn main() {
             ),
             slow: 4,
             raw: Some(Pair::raw_etcd(&etcd.endpoints()).await),
+            same: Some(Pair::same_etcd(&etcd.endpoints()).await),
             peer: None,
             ping: Some(Ping::Etcd(Box::new(
                 etcd_client::Client::connect(etcd.endpoints(), None)
@@ -176,6 +194,7 @@ async fn main() {
             url: format!("zk://{}?root=/bench", zk.connect_string()),
             slow: 4,
             raw: Some(Pair::raw_zk(&zk.connect_string()).await),
+            same: Some(Pair::same_zk(&zk.connect_string()).await),
             peer: None,
             ping: Some(Ping::Zk(
                 zookeeper_client::Client::connect(&zk.connect_string())
@@ -204,15 +223,13 @@ async fn main() {
         let pairs = size.pairs / t.slow;
         let ours = Pair::ours(connect(&t.url).await);
         let peer = t.peer.as_ref().map(|(_, urls)| Pair::rslock(urls));
-        let mut rounds: [Vec<_>; 3] = Default::default();
+        // Ours first; then whichever of raw, same-work and peer this backend has.
+        let mut contenders = vec![(&ours, "bench/ours")];
+        let raw_at = enter(&mut contenders, t.raw.as_ref(), "bench-raw");
+        let same_at = enter(&mut contenders, t.same.as_ref(), "bench/same");
+        let peer_at = enter(&mut contenders, peer.as_ref(), "bench/rslock");
+        let mut rounds: Vec<Vec<_>> = contenders.iter().map(|_| Vec::new()).collect();
         for _ in 0..size.rounds {
-            let mut contenders = vec![(&ours, "bench/ours")];
-            if let Some(raw) = &t.raw {
-                contenders.push((raw, "bench-raw"));
-            }
-            if let Some(p) = &peer {
-                contenders.push((p, "bench/rslock"));
-            }
             for (i, s) in interleaved(&contenders, pairs)
                 .await
                 .into_iter()
@@ -222,23 +239,15 @@ async fn main() {
             }
         }
         let ours_stats = median(&rounds[0]);
-        let raw_stats = t.raw.as_ref().map(|_| median(&rounds[1]));
-        report.uncontended.push(Uncontended {
-            backend: t.label.to_string(),
-            ours: ours_stats,
-            raw: raw_stats,
-            ratio_throughput: raw_stats.map(|r| ours_stats.per_sec / r.per_sec),
-            ratio_p50: raw_stats.map(|r| ours_stats.p50_us / r.p50_us),
-        });
-        if let Some((label, _)) = &t.peer {
-            let peer_stats = median(&rounds[2]);
-            report.uncontended.push(Uncontended {
-                backend: label.to_string(),
-                ours: peer_stats,
-                raw: raw_stats,
-                ratio_throughput: raw_stats.map(|r| peer_stats.per_sec / r.per_sec),
-                ratio_p50: raw_stats.map(|r| peer_stats.p50_us / r.p50_us),
-            });
+        let raw_stats = raw_at.map(|i| median(&rounds[i]));
+        let same_stats = same_at.map(|i| median(&rounds[i]));
+        report
+            .uncontended
+            .push(Uncontended::new(t.label, ours_stats, raw_stats, same_stats));
+        if let (Some((label, _)), Some(i)) = (&t.peer, peer_at) {
+            report
+                .uncontended
+                .push(Uncontended::new(label, median(&rounds[i]), raw_stats, None));
         }
 
         let rtt = match &t.ping {

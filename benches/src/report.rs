@@ -13,6 +13,28 @@ pub struct Uncontended {
     pub raw: Option<Stats>,
     pub ratio_throughput: Option<f64>,
     pub ratio_p50: Option<f64>,
+    /// Our backend's own requests sent by hand on a raw connection: the server-side price of
+    /// the guarantees (fencing counter, queue check, first-key read), without the library.
+    pub same_work: Option<Stats>,
+    /// same-work / raw throughput: what the guarantees' server work costs.
+    pub ratio_same_to_raw: Option<f64>,
+    /// ours / same-work throughput: what the library adds over its own requests.
+    pub ratio_ours_to_same: Option<f64>,
+}
+
+impl Uncontended {
+    pub fn new(backend: &str, ours: Stats, raw: Option<Stats>, same: Option<Stats>) -> Self {
+        Uncontended {
+            backend: backend.to_string(),
+            ours,
+            raw,
+            ratio_throughput: raw.map(|r| ours.per_sec / r.per_sec),
+            ratio_p50: raw.map(|r| ours.p50_us / r.p50_us),
+            same_work: same,
+            ratio_same_to_raw: same.zip(raw).map(|(s, r)| s.per_sec / r.per_sec),
+            ratio_ours_to_same: same.map(|s| ours.per_sec / s.per_sec),
+        }
+    }
 }
 
 /// Hand-over on one name.
@@ -61,13 +83,20 @@ impl Report {
              (Redis: `SET NX PX` + compare-and-delete script; Redlock: the same on every master \
              at once; etcd: txn put-if-absent with a reused lease + delete; ZooKeeper: create \
              ephemeral-sequential + delete), same run, same connection kind, alternating with \
-             ours in blocks of 50 pairs. rslock is the Rust peer (Redlock over the same masters).\n\n\
-             | backend | pairs/s | p50 | p99 | raw pairs/s | raw p50 | ours/raw throughput | ours/raw p50 |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|\n",
+             ours in blocks of 50 pairs. rslock is the Rust peer (Redlock over the same masters). \
+             Same work = the very requests our backend sends for a pair, sent by hand on a raw \
+             connection (Redis: our acquire script, with its fencing counter and queue check, and \
+             our release script; Redlock: `SET NX PX` and our release script on every master; \
+             etcd: our enqueue txn, which also reads the name's first key, on a reused key, then \
+             delete; ZooKeeper: create with our node name and data, the queue listing pipelined \
+             behind it, then delete): same work / raw is what the guarantees cost on the \
+             server, ours / same work is what the library adds on top.\n\n\
+             | backend | pairs/s | p50 | p99 | raw pairs/s | raw p50 | ours/raw throughput | ours/raw p50 | same work pairs/s | same work/raw | ours/same work |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.uncontended {
             md.push_str(&format!(
-                "| {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |\n",
+                "| {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.backend,
                 r.ours.per_sec,
                 r.ours.p50_us,
@@ -76,6 +105,9 @@ impl Report {
                 opt(r.raw.map(|x| x.p50_us), 0),
                 opt(r.ratio_throughput, 2),
                 opt(r.ratio_p50, 2),
+                opt(r.same_work.map(|x| x.per_sec), 0),
+                opt(r.ratio_same_to_raw, 2),
+                opt(r.ratio_ours_to_same, 2),
             ));
         }
         md.push_str(
@@ -119,8 +151,32 @@ impl Report {
             ));
         }
         md.push_str(&self.targets());
+        md.push_str(&self.gap());
         md.push_str("\n![hand-over latency](bench-handover.svg)\n");
         md
+    }
+
+    /// Splits each backend's uncontended ours/raw ratio into the server-side price of what it
+    /// guarantees and what the library adds on top.
+    fn gap(&self) -> String {
+        let mut out = String::from(
+            "\n## Where the uncontended gap to raw is\n\n\
+             ours/raw = (same work/raw) x (ours/same work): the first factor is the price of the \
+             guarantees on the server (fencing counter and queue check in a script on Redis; the \
+             queue read that rides in the acquire's round trip on etcd and ZooKeeper), the second \
+             what the library adds (lease, watchdog, lost signal, cancellation guards).\n\n\
+             | backend | ours/raw | same work/raw | ours/same work |\n|---|---:|---:|---:|\n",
+        );
+        for r in self.uncontended.iter().filter(|r| r.same_work.is_some()) {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} |\n",
+                r.backend,
+                opt(r.ratio_throughput, 2),
+                opt(r.ratio_same_to_raw, 2),
+                opt(r.ratio_ours_to_same, 2),
+            ));
+        }
+        out
     }
 
     /// The issue's targets, read off this run's figures.

@@ -24,6 +24,20 @@ pub enum Pair {
     RawZk(zookeeper_client::Client),
     /// The rslock crate over these Redis masters (1 = plain Redis).
     Rslock(rslock::LockManager),
+    /// Our backend's own server work, sent by hand on a raw connection (no library around it):
+    /// what the guarantees cost on the server, apart from the library's overhead.
+    Same(SameWork),
+}
+
+/// The requests one of our acquire + release pairs sends, by backend.
+pub enum SameWork {
+    /// Redis: our acquire script (fencing counter, queue check) + our release script. On several
+    /// connections (Redlock): `SET NX PX` on all, then the release script on all.
+    Redis(Vec<redis::aio::MultiplexedConnection>),
+    /// etcd: our enqueue txn (put-if-absent + first key of the name) on a reused key + delete.
+    Etcd(Box<etcd_client::Client>, i64),
+    /// ZooKeeper: create with our node name and data, the listing pipelined behind it, delete.
+    Zk(zookeeper_client::Client),
 }
 
 impl Pair {
@@ -35,18 +49,8 @@ impl Pair {
     }
 
     pub async fn raw_redis(urls: &[String]) -> Self {
-        let mut conns = Vec::new();
-        for url in urls {
-            conns.push(
-                redis::Client::open(url.as_str())
-                    .expect("url")
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect"),
-            );
-        }
         Pair::RawRedis(
-            conns,
+            redis_conns(urls).await,
             redis::Script::new(
                 "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
             ),
@@ -54,21 +58,26 @@ impl Pair {
     }
 
     pub async fn raw_etcd(endpoints: &[String]) -> Self {
-        let mut client = etcd_client::Client::connect(endpoints, None)
-            .await
-            .expect("connect");
-        let lease = client.lease_grant(60, None).await.expect("lease").id();
-        Pair::RawEtcd(Box::new(client), lease)
+        let (client, lease) = etcd_with_lease(endpoints).await;
+        Pair::RawEtcd(client, lease)
     }
 
     pub async fn raw_zk(connect: &str) -> Self {
-        let client = zookeeper_client::Client::connect(connect)
-            .await
-            .expect("connect");
-        let open = zookeeper_client::CreateMode::Persistent
-            .with_acls(zookeeper_client::Acls::anyone_all());
-        let _ = client.create("/bench-raw", &[], &open).await;
-        Pair::RawZk(client)
+        Pair::RawZk(zk_with_parent(connect).await)
+    }
+
+    /// Our server work on raw connections to `urls` (see [`SameWork::Redis`]).
+    pub async fn same_redis(urls: &[String]) -> Self {
+        Pair::Same(SameWork::Redis(redis_conns(urls).await))
+    }
+
+    pub async fn same_etcd(endpoints: &[String]) -> Self {
+        let (client, lease) = etcd_with_lease(endpoints).await;
+        Pair::Same(SameWork::Etcd(client, lease))
+    }
+
+    pub async fn same_zk(connect: &str) -> Self {
+        Pair::Same(SameWork::Zk(zk_with_parent(connect).await))
     }
 
     pub fn rslock(urls: &[String]) -> Self {
@@ -139,6 +148,7 @@ impl Pair {
                     .await
                     .expect("delete");
             }
+            Pair::Same(work) => work.once(name, i).await,
             Pair::Rslock(manager) => {
                 let lock = manager
                     .lock(name, Duration::from_secs(10))
@@ -180,4 +190,156 @@ pub async fn interleaved(contenders: &[(&Pair, &str)], pairs: usize) -> Vec<Stat
         .zip(busy)
         .map(|(s, b)| stats(s, b))
         .collect()
+}
+
+impl SameWork {
+    async fn once(&self, name: &str, i: usize) {
+        use distlock_redis::scripts::ACQUIRE;
+        let secret = format!("{i:032x}");
+        match self {
+            SameWork::Redis(conns) if conns.len() == 1 => {
+                let keys = same_keys(name);
+                let mut c = conns[0].clone();
+                let _: (i64, i64) = ACQUIRE
+                    .key(&keys.lock)
+                    .key(&keys.fence)
+                    .key(&keys.queue)
+                    .key(&keys.alive)
+                    .arg(&secret)
+                    .arg(10_000)
+                    .arg(0)
+                    .arg(3_000)
+                    .arg(&keys.turn)
+                    .invoke_async(&mut c)
+                    .await
+                    .expect("acquire script");
+                release_script(&mut c, &keys, &secret).await;
+            }
+            SameWork::Redis(conns) => {
+                let keys = same_keys(name);
+                join_all(conns.iter().map(|c| {
+                    let mut c = c.clone();
+                    let (keys, value) = (&keys, format!("{secret}:0"));
+                    async move {
+                        let _: Option<String> = redis::cmd("SET")
+                            .arg(&keys.lock)
+                            .arg(value)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(10_000)
+                            .query_async(&mut c)
+                            .await
+                            .expect("SET");
+                    }
+                }))
+                .await;
+                join_all(conns.iter().map(|c| {
+                    let mut c = c.clone();
+                    let (keys, secret) = (&keys, &secret);
+                    async move { release_script(&mut c, keys, secret).await }
+                }))
+                .await;
+            }
+            SameWork::Etcd(client, lease) => {
+                use etcd_client::{
+                    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+                };
+                let mut c = (**client).clone();
+                let prefix = format!("bench-same/{name}/");
+                let key = format!("{prefix}{lease:016x}.{:016x}", 0);
+                let first = GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1);
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([
+                        TxnOp::put(
+                            key.as_str(),
+                            secret,
+                            Some(PutOptions::new().with_lease(*lease)),
+                        ),
+                        TxnOp::get(prefix.as_str(), Some(first.clone())),
+                    ])
+                    .or_else([
+                        TxnOp::get(key.as_str(), None),
+                        TxnOp::get(prefix.as_str(), Some(first)),
+                    ]);
+                c.txn(txn).await.expect("txn");
+                c.delete(key, None).await.expect("delete");
+            }
+            SameWork::Zk(client) => {
+                let mode = zookeeper_client::CreateMode::EphemeralSequential
+                    .with_acls(zookeeper_client::Acls::anyone_all());
+                let prefix = format!("/bench-raw/_c_{secret}-lock-");
+                let create = client.create(&prefix, secret.as_bytes(), &mode);
+                let list = client.list_children("/bench-raw");
+                let (created, listed) = tokio::join!(create, list);
+                let (_, seq) = created.expect("create");
+                listed.expect("list");
+                client
+                    .delete(&format!("{prefix}{seq}"), None)
+                    .await
+                    .expect("delete");
+            }
+        }
+    }
+}
+
+async fn redis_conns(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut conns = Vec::new();
+    for url in urls {
+        conns.push(
+            redis::Client::open(url.as_str())
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect"),
+        );
+    }
+    conns
+}
+
+/// A client and a lease of its own (granted once, as a session would be).
+async fn etcd_with_lease(endpoints: &[String]) -> (Box<etcd_client::Client>, i64) {
+    let mut client = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("connect");
+    let lease = client.lease_grant(60, None).await.expect("lease").id();
+    (Box::new(client), lease)
+}
+
+/// A client, with the persistent parent `/bench-raw` in place.
+async fn zk_with_parent(connect: &str) -> zookeeper_client::Client {
+    let client = zookeeper_client::Client::connect(connect)
+        .await
+        .expect("connect");
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let _ = client.create("/bench-raw", &[], &open).await;
+    client
+}
+
+fn same_keys(name: &str) -> distlock_redis::keys::LockKeys {
+    distlock_redis::keys::lock_keys(
+        "bench-same",
+        &distlock::LockName::new(name).expect("a valid bench name"),
+    )
+}
+
+async fn release_script(
+    c: &mut redis::aio::MultiplexedConnection,
+    keys: &distlock_redis::keys::LockKeys,
+    secret: &str,
+) {
+    let _: i64 = distlock_redis::scripts::RELEASE
+        .key(&keys.lock)
+        .key(&keys.queue)
+        .key(&keys.alive)
+        .arg(secret)
+        .arg(&keys.channel)
+        .arg(&keys.turn)
+        .invoke_async(c)
+        .await
+        .expect("release script");
 }
