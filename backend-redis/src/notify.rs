@@ -116,6 +116,11 @@ impl Subscription {
             std::future::pending::<()>().await;
         }
     }
+
+    /// Forgets the messages so far: the next [`Subscription::released`] waits for a new one.
+    pub(crate) fn mark_seen(&mut self) {
+        self.releases.borrow_and_update();
+    }
 }
 
 impl Drop for Subscription {

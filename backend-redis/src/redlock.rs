@@ -245,6 +245,11 @@ impl LockBackend for RedlockBackend {
         }
         let mut rounds = 0;
         loop {
+            // One release reaches us once per node: what came before this round is answered by
+            // it, so only a later release may end the next wait (no extra round per node).
+            for s in &mut subs {
+                s.mark_seen();
+            }
             if let (true, start) = self.round(name, &secret, ttl).await? {
                 return Ok(self.grant(name, secret, ttl, start));
             }
