@@ -45,7 +45,7 @@ struct Size {
 }
 
 const FULL: Size = Size {
-    rounds: 3,
+    rounds: 5,
     pairs: 2_000,
     grants: 2_000,
     budget: Duration::from_secs(20),

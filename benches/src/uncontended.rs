@@ -300,12 +300,13 @@ async fn redis_conns(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> 
     conns
 }
 
-/// A client and a lease of its own (granted once, as a session would be).
+/// A client and a lease of its own (granted once, as a session would be; long enough for the
+/// whole run, since nothing keeps it alive).
 async fn etcd_with_lease(endpoints: &[String]) -> (Box<etcd_client::Client>, i64) {
     let mut client = etcd_client::Client::connect(endpoints, None)
         .await
         .expect("connect");
-    let lease = client.lease_grant(60, None).await.expect("lease").id();
+    let lease = client.lease_grant(3_600, None).await.expect("lease").id();
     (Box::new(client), lease)
 }
 
