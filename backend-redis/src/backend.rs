@@ -64,7 +64,6 @@ impl std::fmt::Debug for RedisBackend {
     }
 }
 
-/// The outcome of one acquire script call.
 /// How an attempt asks for the lock.
 #[derive(Clone, Copy)]
 pub(crate) enum Ask {
@@ -76,6 +75,7 @@ pub(crate) enum Ask {
     Plain,
 }
 
+/// The outcome of one attempt.
 pub(crate) enum Attempt {
     /// Granted, with this node's counter value.
     Granted(u64),
