@@ -184,6 +184,25 @@ async fn one_batched_renewal_per_tick_for_leases_taken_together() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn leases_taken_over_a_whole_period_settle_on_one_batch_per_period() {
+    let store = MemoryStore::new();
+    let probe = Probe::new(store.client());
+    let client = LockClient::new(probe.clone());
+    let opts = AcquireOptions::with_ttl(TTL);
+    let mut leases = Vec::new();
+    for i in 0..10 {
+        leases.push(client.try_acquire(&format!("s{i}"), &opts).await.unwrap());
+        sleep(TTL / 30).await; // spread over 90 % of a period (TTL / 3)
+    }
+    // The first period may take more than one call; after it, one call per period for all ten.
+    sleep(TTL * 2 / 3).await;
+    let settled = probe.batches.load(Ordering::SeqCst);
+    sleep(TTL).await;
+    assert_eq!(probe.batches.load(Ordering::SeqCst) - settled, 3);
+    assert!(leases.iter().all(|l| l.lost_reason().is_none()));
+}
+
+#[tokio::test(start_paused = true)]
 async fn lost_signal_fires_before_a_competitor_can_acquire() {
     let (_, a, b, a_raw) = pair();
     let lease = a
