@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_api::{LostReason, LostSignal, LostTrigger, lost_signal};
-use etcd_client::Client;
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
@@ -27,6 +27,9 @@ pub(crate) struct Session {
     refreshed: Mutex<Instant>,
     keeper: Mutex<Option<AbortHandle>>,
     client: Client,
+    /// The lease's keep-alive stream, kept open between refreshes: opening one costs a round trip
+    /// of its own (the client sends a keep-alive and waits for it before handing the stream out).
+    stream: tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
     /// Attempt-key slots in use, per name prefix, with the secret of the attempt that holds each
     /// (see [`crate::keys`]): a slot is taken for an attempt and given back only once its key is
     /// known deleted, so a live key is never reused, and only the holder's secret releases it.
@@ -49,6 +52,7 @@ impl Session {
             refreshed: Mutex::new(sent),
             keeper: Mutex::new(None),
             client,
+            stream: tokio::sync::Mutex::new(None),
             slots: Mutex::new(HashMap::new()),
         });
         let task = tokio::spawn(keep_alive(Arc::downgrade(&session)));
@@ -115,26 +119,40 @@ impl Session {
         *r = (*r).max(sent);
     }
 
-    /// One keep-alive round trip now. `Ok(true)`: refreshed; `Ok(false)`: the lease is gone (and
-    /// the session is marked lost).
+    /// One keep-alive round trip now, on the open stream (or opening one, which is itself the
+    /// keep-alive). `Ok(true)`: refreshed; `Ok(false)`: the lease is gone (and the session is
+    /// marked lost).
     pub(crate) async fn refresh(&self) -> Result<bool, etcd_client::Error> {
         let sent = Instant::now();
-        let mut client = self.client.clone();
-        let (mut keeper, mut stream) = client.lease_keep_alive(self.lease).await?;
-        keeper.keep_alive().await?;
-        match stream.message().await? {
-            Some(resp) if resp.ttl() > 0 => {
-                self.record(sent);
-                Ok(true)
+        let mut open = self.stream.lock().await;
+        // Taken out while in use: a refresh cut short leaves no half-read stream behind.
+        let alive = match open.take() {
+            Some((mut keeper, mut stream)) => {
+                keeper.keep_alive().await?;
+                let Some(resp) = stream.message().await? else {
+                    return Err(etcd_client::Error::LeaseKeepAliveError(
+                        "keep-alive stream closed".into(),
+                    ));
+                };
+                *open = Some((keeper, stream));
+                resp.ttl() > 0
             }
-            Some(_) => {
-                self.mark_lost();
-                Ok(false)
-            }
-            None => Err(etcd_client::Error::LeaseKeepAliveError(
-                "keep-alive stream closed".into(),
-            )),
+            None => match self.client.clone().lease_keep_alive(self.lease).await {
+                Ok(pair) => {
+                    *open = Some(pair);
+                    true
+                }
+                // What the client answers when etcd replies with TTL 0.
+                Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => false,
+                Err(e) => return Err(e),
+            },
+        };
+        if alive {
+            self.record(sent);
+        } else {
+            self.mark_lost();
         }
+        Ok(alive)
     }
 }
 
