@@ -2,7 +2,8 @@
 //!
 //! # How a lock works here
 //! * **Session**: one lease per client ([`EtcdOptions::session_ttl`], whole seconds), shared by
-//!   all its lock keys and kept alive every TTL / 3. When etcd says the lease is gone, or the
+//!   all its lock keys and kept alive every TTL / 3 (by the renewals of the locks it carries, or by
+//!   its own keeper when none renews). When etcd says the lease is gone, or the
 //!   session's validity (from the send time of the last confirmed keep-alive, minus drift) runs
 //!   out, every lease of the session fires its lost signal, before etcd can have expired it.
 //!   After a loss the next acquire makes a new lease; old keys are never reused.

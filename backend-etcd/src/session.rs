@@ -1,4 +1,5 @@
-//! The session: one etcd lease per client, shared by all its lock keys, kept alive every TTL / 3.
+//! The session: one etcd lease per client, shared by all its lock keys, kept alive every TTL / 3
+//! (by the watchdog's renewals while locks are held; by its own keeper otherwise).
 //!
 //! The session tracks its own validity on the monotonic clock, from the *send* time of the last
 //! keep-alive that etcd answered, minus a drift margin. It fires its lost signal when etcd says
@@ -175,7 +176,11 @@ impl Drop for Session {
 async fn keep_alive(session: std::sync::Weak<Session>) {
     let Some(s) = session.upgrade() else { return };
     let period = s.ttl / 3;
-    let mut next = s.refreshed() + period;
+    // While locks are held, the watchdog's renewal refreshes the session every TTL / 3; the keeper
+    // waits a quarter period longer, so it only speaks for a session nobody else kept alive (one
+    // keep-alive per tick, not two). Its retries still run until the validity ends.
+    let idle_after = period + period / 4;
+    let mut next = s.refreshed() + idle_after;
     drop(s);
     loop {
         let Some(deadline) = session.upgrade().map(|s| s.valid_until()) else {
@@ -187,8 +192,13 @@ async fn keep_alive(session: std::sync::Weak<Session>) {
             s.mark_lost();
             return;
         }
+        let due = s.refreshed() + idle_after;
+        if Instant::now() < due {
+            next = due;
+            continue;
+        }
         match timeout_at(s.valid_until(), s.refresh()).await {
-            Ok(Ok(true)) => next = s.refreshed() + period,
+            Ok(Ok(true)) => next = s.refreshed() + idle_after,
             Ok(Ok(false)) => return,
             Ok(Err(e)) => {
                 tracing::debug!(lease = s.lease, error = %e, "distlock etcd keep-alive failed, retrying");
