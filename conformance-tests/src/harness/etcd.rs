@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::{HarnessError, ServerProcess, TempDir, TlsFiles, ask, free_port, local, require};
+use super::{
+    HarnessError, ServerProcess, TempDir, TlsFiles, ask, free_port, local, require,
+    retry_port_clash,
+};
 
 const BINARY: &str = "/usr/bin/etcd";
 
@@ -31,6 +34,10 @@ impl EtcdCluster {
     }
 
     fn start_with(n: usize, tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(n, tls))
+    }
+
+    fn start_once(n: usize, tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
         require(BINARY, "etcd-server")?;
         let dir = TempDir::new("etcd").map_err(|source| HarnessError::Io {
             server: "etcd".into(),

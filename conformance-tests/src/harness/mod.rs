@@ -86,6 +86,28 @@ pub fn free_port() -> u16 {
         .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
 }
 
+/// Runs `start` again (3 tries in all) when a server could not bind a port picked free: between
+/// the pick and the bind, another socket can take it (servers' own outgoing connections draw
+/// from the same ephemeral range).
+pub(crate) fn retry_port_clash<T>(
+    mut start: impl FnMut() -> Result<T, HarnessError>,
+) -> Result<T, HarnessError> {
+    let mut tries = 1;
+    loop {
+        match start() {
+            Err(e)
+                if tries < 3
+                    && e.to_string()
+                        .to_lowercase()
+                        .contains("address already in use") =>
+            {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A temporary directory removed on drop.
 #[derive(Debug)]
 pub struct TempDir(PathBuf);

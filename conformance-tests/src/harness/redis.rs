@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     HarnessError, Proxy, ServerProcess, TempDir, TlsFiles, ask, free_port, local, require,
+    retry_port_clash,
 };
 
 const BINARY: &str = "/usr/bin/redis-server";
@@ -30,6 +31,10 @@ impl RedisServer {
     /// Starts it with extra `redis-server` arguments, and also serving TLS with `tls` on a port
     /// of its own (the plain port stays, for the harness's readiness probe).
     pub fn start_with(extra: &[&str], tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(extra, tls))
+    }
+
+    fn start_once(extra: &[&str], tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
         require(BINARY, "redis-server")?;
         let dir = TempDir::new("redis").map_err(|source| HarnessError::Io {
             server: "redis".into(),

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use super::{HarnessError, ServerProcess, TempDir, ask, free_port, local, require};
+use super::{
+    HarnessError, ServerProcess, TempDir, ask, free_port, local, require, retry_port_clash,
+};
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 const JAVA: &str = "/usr/bin/java";
@@ -22,6 +24,10 @@ impl ZkEnsemble {
     /// connections per address, since every client is on loopback) and waits
     /// until each serves (`srvr` reports standalone, leader or follower).
     pub fn start(n: usize) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(n))
+    }
+
+    fn start_once(n: usize) -> Result<Self, HarnessError> {
         require(JAVA, "default-jre-headless")?;
         require(JAR, "zookeeper")?;
         let dir = TempDir::new("zk").map_err(|source| HarnessError::Io {
