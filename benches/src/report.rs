@@ -133,21 +133,33 @@ impl Report {
         md.push_str(
             "\n## Scale\n\n\
              Many names: 1 000 names, 256 tasks, one client (one connection or session). Held: \
-             leases held at once through one client with the watchdog on (TTL 3 s, a renewal \
-             tick every second); RSS growth of the whole process; server requests per tick \
-             counted by the server (Redis `INFO commandstats` script calls; etcd txns, \
-             keep-alive messages and lease lookups from its metrics; ZooKeeper `mntr` packets, pings included).\n\n\
-             | backend | many names pairs/s | leases held | RSS growth MB | server requests per tick |\n\
-             |---|---:|---:|---:|---:|\n",
+             leases held at once through one client with the watchdog on (TTL 3 s on Redis; on \
+             etcd and ZooKeeper the session's); RSS growth of the whole process; server requests \
+             per renewal tick over three ticks (the ticks counted at the client, the requests \
+             by the server (Redis `INFO commandstats` script calls; etcd txns, \
+             keep-alive messages and lease lookups from its metrics; ZooKeeper `mntr` packets, pings included)); \
+             idle = what the server counts in the same time at the rate measured just before, \
+             the same client holding nothing (its session's keep-alives, and the other bench clients' pings, which the \
+             server counts too); renewal = held - idle.\n\n\
+             | backend | many names pairs/s | leases held | RSS growth MB | server requests per tick | idle per tick | renewal requests per tick |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n",
         );
         for s in &self.scale {
             md.push_str(&format!(
-                "| {} | {:.0} | {} | {:.1} | {} |\n",
+                "| {} | {:.0} | {} | {:.1} | {} | {} | {} |\n",
                 s.backend,
                 s.many_names_per_sec,
                 s.held.leases,
                 s.held.rss_growth_mb,
                 opt(s.held.round_trips_per_tick, 1),
+                opt(s.held.idle_per_tick, 1),
+                opt(
+                    s.held
+                        .round_trips_per_tick
+                        .zip(s.held.idle_per_tick)
+                        .map(|(h, i)| h - i),
+                    1
+                ),
             ));
         }
         md.push_str(&self.targets());

@@ -6,7 +6,11 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{AcquireOptions, Lease, LockBackend, LockClient};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use distlock::{
+    AcquireOptions, Grant, GrantKey, Lease, LockBackend, LockClient, LockName, Renewal,
+};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -139,6 +143,9 @@ pub struct Held {
     pub rss_growth_mb: f64,
     /// Server requests per renewal tick while all are held (`None` without a server).
     pub round_trips_per_tick: Option<f64>,
+    /// What the server counts in the same time with the same client holding nothing (its
+    /// session's own keep-alives, and the pings of the bench's other clients of that server).
+    pub idle_per_tick: Option<f64>,
 }
 
 fn rss_kb() -> f64 {
@@ -157,11 +164,82 @@ fn rss_kb() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Takes `n` leases (TTL 3 s, so a renewal tick every second) through one client, lets the
-/// watchdog settle, then counts server requests over three ticks.
+/// A backend that counts the renewal calls the watchdog made (on completion, so the server has
+/// counted their requests by then).
+#[derive(Debug)]
+struct Ticks {
+    inner: Arc<dyn LockBackend>,
+    done: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl LockBackend for Ticks {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn capabilities(&self) -> &distlock::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> distlock::Result<Grant> {
+        self.inner.try_acquire(name, ttl).await
+    }
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> distlock::Result<Grant> {
+        self.inner.acquire(name, ttl, deadline).await
+    }
+    async fn renew(&self, key: &GrantKey, ttl: Duration) -> distlock::Result<Renewal> {
+        self.inner.renew(key, ttl).await
+    }
+    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<distlock::Result<Renewal>> {
+        let out = self.inner.renew_batch(batch).await;
+        self.done.fetch_add(1, Ordering::SeqCst);
+        out
+    }
+    async fn release(&self, key: &GrantKey) -> distlock::Result<bool> {
+        self.inner.release(key).await
+    }
+}
+
+impl Ticks {
+    /// Waits until `n` more renewal calls have completed (or 30 s passed).
+    async fn wait(&self, n: usize) {
+        let target = self.done.load(Ordering::SeqCst) + n;
+        let until = Instant::now() + Duration::from_secs(30);
+        while self.done.load(Ordering::SeqCst) < target && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Takes `n` leases through one client with the watchdog on, lets it settle, then counts server
+/// requests over three renewal ticks (from the end of one renewal call to the end of the third
+/// after it), minus what the server counts at the same rate with the client holding nothing.
 pub async fn held(backend: Arc<dyn LockBackend>, n: usize, counter: &Counter) -> Held {
     const TTL: Duration = Duration::from_secs(3);
-    let locks = LockClient::new(backend);
+    let ticks = Arc::new(Ticks {
+        inner: backend,
+        done: AtomicUsize::new(0),
+    });
+    let locks = LockClient::new(ticks.clone());
+    // The session (etcd lease, ZooKeeper session) is up before the idle window.
+    locks
+        .try_acquire("bench/held/warm-up", &AcquireOptions::with_ttl(TTL))
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    let idle_from = counter.read().await;
+    let idle_start = Instant::now();
+    tokio::time::sleep(TTL).await;
+    let idle_to = counter.read().await;
+    let idle_rate = idle_from
+        .zip(idle_to)
+        .map(|(a, b)| (b - a) / idle_start.elapsed().as_secs_f64());
     let before = rss_kb();
     let mut leases: Vec<Lease> = Vec::with_capacity(n);
     for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
@@ -178,11 +256,13 @@ pub async fn held(backend: Arc<dyn LockBackend>, n: usize, counter: &Counter) ->
         leases.extend(taken);
     }
     let rss_growth_mb = (rss_kb() - before) / 1024.0;
-    // Leases taken over a spread settle into one batch within two ticks.
-    tokio::time::sleep(TTL).await;
+    // Leases taken over a spread settle into one call per tick within two ticks.
+    ticks.wait(2).await;
     let from = counter.read().await;
-    tokio::time::sleep(TTL).await;
+    let start = Instant::now();
+    ticks.wait(3).await;
     let to = counter.read().await;
+    let window = start.elapsed().as_secs_f64();
     let lost = leases.iter().filter(|l| l.lost_reason().is_some()).count();
     assert_eq!(lost, 0, "leases lost while held");
     let mut leases = leases.into_iter().peekable();
@@ -194,5 +274,6 @@ pub async fn held(backend: Arc<dyn LockBackend>, n: usize, counter: &Counter) ->
         leases: n,
         rss_growth_mb,
         round_trips_per_tick: from.zip(to).map(|(a, b)| (b - a) / 3.0),
+        idle_per_tick: idle_rate.map(|r| r * window / 3.0),
     }
 }
