@@ -30,10 +30,15 @@ impl Waiter {
         match self {
             Waiter::Ours(locks) => {
                 let opts = AcquireOptions::with_ttl(Duration::from_secs(10));
-                let lease = locks
-                    .acquire(name, &opts, Duration::from_secs(120))
-                    .await
-                    .expect("acquire");
+                // A retryable failure (a Redlock round whose nodes answered too late under this
+                // load) is tried again, as a caller would; anything else ends the run.
+                let lease = loop {
+                    match locks.acquire(name, &opts, Duration::from_secs(120)).await {
+                        Ok(lease) => break lease,
+                        Err(e) if e.is_retryable() => continue,
+                        Err(e) => panic!("acquire: {e}"),
+                    }
+                };
                 critical.await;
                 lease.release().await.expect("release");
                 Instant::now()

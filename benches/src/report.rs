@@ -140,7 +140,9 @@ impl Report {
              keep-alive messages and lease lookups from its metrics; ZooKeeper `mntr` packets, pings included)); \
              idle = what the server counts in the same time at the rate measured just before, \
              the same client holding nothing (its session's keep-alives, and the other bench clients' pings, which the \
-             server counts too); renewal = held - idle.\n\n\
+             server counts too); renewal = held - idle. A ZooKeeper client pings only when it sent \
+             nothing else for a while, so there a renewal takes the place of a ping (hence \
+             about 0).\n\n\
              | backend | many names pairs/s | leases held | RSS growth MB | server requests per tick | idle per tick | renewal requests per tick |\n\
              |---|---:|---:|---:|---:|---:|---:|\n",
         );
