@@ -45,12 +45,14 @@ pub enum HarnessError {
         package: &'static str,
     },
     /// The server did not become ready in time.
-    #[error("{server} was not ready after {after:?}; last log lines:\n{log}")]
+    #[error("{server} was not ready after {after:?} (exited: {exited}); last log lines:\n{log}")]
     NotReady {
         /// Which server.
         server: String,
         /// How long we waited.
         after: Duration,
+        /// Whether its process had ended.
+        exited: bool,
         /// The tail of its log.
         log: String,
     },
@@ -86,9 +88,10 @@ pub fn free_port() -> u16 {
         .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
 }
 
-/// Runs `start` again (3 tries in all) when a server could not bind a port picked free: between
-/// the pick and the bind, another socket can take it (servers' own outgoing connections draw
-/// from the same ephemeral range).
+/// Runs `start` again (3 tries in all) when a server could not bind a port picked free, or
+/// exited before it was ready (ZooKeeper's log says nothing here about why): between the pick
+/// and the bind, another socket can take the port (servers' own outgoing connections draw from
+/// the same ephemeral range).
 pub(crate) fn retry_port_clash<T>(
     mut start: impl FnMut() -> Result<T, HarnessError>,
 ) -> Result<T, HarnessError> {
@@ -97,9 +100,10 @@ pub(crate) fn retry_port_clash<T>(
         match start() {
             Err(e)
                 if tries < 3
-                    && e.to_string()
-                        .to_lowercase()
-                        .contains("address already in use") =>
+                    && (matches!(e, HarnessError::NotReady { exited: true, .. })
+                        || e.to_string()
+                            .to_lowercase()
+                            .contains("address already in use")) =>
             {
                 tries += 1;
             }

@@ -119,11 +119,13 @@ impl ServerProcess {
     /// Waits until the readiness probe answers, or fails with the log's tail.
     pub fn wait_ready(&self, timeout: Duration) -> Result<(), HarnessError> {
         let start = Instant::now();
+        let mut exited = false;
         while start.elapsed() < timeout {
             if (self.ready)() {
                 return Ok(());
             }
             if self.exited() {
+                exited = true;
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -131,6 +133,7 @@ impl ServerProcess {
         Err(HarnessError::NotReady {
             server: self.label.clone(),
             after: start.elapsed(),
+            exited,
             log: self.log_tail(20),
         })
     }

@@ -131,6 +131,7 @@ fn wait_for(what: &str, timeout: Duration, check: impl Fn() -> bool) -> Result<(
             return Err(HarnessError::NotReady {
                 server: what.to_string(),
                 after: timeout,
+                exited: false,
                 log: String::new(),
             });
         }
@@ -211,6 +212,7 @@ impl RedisCluster {
             return Err(HarnessError::NotReady {
                 server: "redis cluster".into(),
                 after: Duration::ZERO,
+                exited: false,
                 log: String::from_utf8_lossy(&out.stdout).into_owned(),
             });
         }
