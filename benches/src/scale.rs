@@ -6,11 +6,8 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use distlock::{
-    AcquireOptions, Grant, GrantKey, Lease, LockBackend, LockClient, LockName, Renewal,
-};
+use distlock::{AcquireOptions, Lease, LockBackend, LockClient};
+use distlock_conformance::scenarios::Counting;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -164,66 +161,12 @@ fn rss_kb() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A backend that counts the renewal calls the watchdog made (on completion, so the server has
-/// counted their requests by then).
-#[derive(Debug)]
-struct Ticks {
-    inner: Arc<dyn LockBackend>,
-    done: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl LockBackend for Ticks {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    fn capabilities(&self) -> &distlock::Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> distlock::Result<Grant> {
-        self.inner.try_acquire(name, ttl).await
-    }
-    async fn acquire(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> distlock::Result<Grant> {
-        self.inner.acquire(name, ttl, deadline).await
-    }
-    async fn renew(&self, key: &GrantKey, ttl: Duration) -> distlock::Result<Renewal> {
-        self.inner.renew(key, ttl).await
-    }
-    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<distlock::Result<Renewal>> {
-        let out = self.inner.renew_batch(batch).await;
-        self.done.fetch_add(1, Ordering::SeqCst);
-        out
-    }
-    async fn release(&self, key: &GrantKey) -> distlock::Result<bool> {
-        self.inner.release(key).await
-    }
-}
-
-impl Ticks {
-    /// Waits until `n` more renewal calls have completed (or 30 s passed).
-    async fn wait(&self, n: usize) {
-        let target = self.done.load(Ordering::SeqCst) + n;
-        let until = Instant::now() + Duration::from_secs(30);
-        while self.done.load(Ordering::SeqCst) < target && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-}
-
 /// Takes `n` leases through one client with the watchdog on, lets it settle, then counts server
 /// requests over three renewal ticks (from the end of one renewal call to the end of the third
 /// after it), minus what the server counts at the same rate with the client holding nothing.
 pub async fn held(backend: Arc<dyn LockBackend>, n: usize, counter: &Counter) -> Held {
     const TTL: Duration = Duration::from_secs(3);
-    let ticks = Arc::new(Ticks {
-        inner: backend,
-        done: AtomicUsize::new(0),
-    });
+    let ticks = Counting::wrap(backend);
     let locks = LockClient::new(ticks.clone());
     // The session (etcd lease, ZooKeeper session) is up before the idle window.
     locks
@@ -257,10 +200,10 @@ pub async fn held(backend: Arc<dyn LockBackend>, n: usize, counter: &Counter) ->
     }
     let rss_growth_mb = (rss_kb() - before) / 1024.0;
     // Leases taken over a spread settle into one call per tick within two ticks.
-    ticks.wait(2).await;
+    ticks.wait_batches(2, Duration::from_secs(30)).await;
     let from = counter.read().await;
     let start = Instant::now();
-    ticks.wait(3).await;
+    ticks.wait_batches(3, Duration::from_secs(30)).await;
     let to = counter.read().await;
     let window = start.elapsed().as_secs_f64();
     let lost = leases.iter().filter(|l| l.lost_reason().is_some()).count();

@@ -93,22 +93,7 @@ impl Pair {
             }
             Pair::RawRedis(conns, del) => {
                 let token = format!("{i:032x}");
-                join_all(conns.iter().map(|c| {
-                    let mut c = c.clone();
-                    let token = &token;
-                    async move {
-                        let _: Option<String> = redis::cmd("SET")
-                            .arg(name)
-                            .arg(token)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(10_000)
-                            .query_async(&mut c)
-                            .await
-                            .expect("SET");
-                    }
-                }))
-                .await;
+                set_nx_everywhere(conns, name, &token).await;
                 join_all(conns.iter().map(|c| {
                     let mut c = c.clone();
                     let token = &token;
@@ -217,22 +202,7 @@ impl SameWork {
             }
             SameWork::Redis(conns) => {
                 let keys = same_keys(name);
-                join_all(conns.iter().map(|c| {
-                    let mut c = c.clone();
-                    let (keys, value) = (&keys, format!("{secret}:0"));
-                    async move {
-                        let _: Option<String> = redis::cmd("SET")
-                            .arg(&keys.lock)
-                            .arg(value)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(10_000)
-                            .query_async(&mut c)
-                            .await
-                            .expect("SET");
-                    }
-                }))
-                .await;
+                set_nx_everywhere(conns, &keys.lock, &format!("{secret}:0")).await;
                 join_all(conns.iter().map(|c| {
                     let mut c = c.clone();
                     let (keys, secret) = (&keys, &secret);
@@ -284,6 +254,25 @@ impl SameWork {
             }
         }
     }
+}
+
+/// `SET key value NX PX 10000` on every connection at once.
+async fn set_nx_everywhere(conns: &[redis::aio::MultiplexedConnection], key: &str, value: &str) {
+    join_all(conns.iter().map(|c| {
+        let mut c = c.clone();
+        async move {
+            let _: Option<String> = redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(10_000)
+                .query_async(&mut c)
+                .await
+                .expect("SET");
+        }
+    }))
+    .await;
 }
 
 async fn redis_conns(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {

@@ -68,23 +68,38 @@ where
     }
 }
 
-/// A backend wrapper that counts renewals, to prove when the watchdog stops.
+/// A backend wrapper that counts renewals (to prove when the watchdog stops) and the renewal
+/// calls the watchdog made (on completion, so a server has counted their requests by then).
+/// Batches go to the wrapped backend as batches: its own batched path is what runs.
 #[derive(Debug)]
-pub(crate) struct Counting {
-    pub(crate) inner: Arc<dyn LockBackend>,
-    pub(crate) renewals: AtomicUsize,
+pub struct Counting {
+    inner: Arc<dyn LockBackend>,
+    renewals: AtomicUsize,
+    batches: AtomicUsize,
 }
 
 impl Counting {
-    pub(crate) fn wrap(inner: Arc<dyn LockBackend>) -> Arc<Self> {
+    /// Wraps `inner`.
+    pub fn wrap(inner: Arc<dyn LockBackend>) -> Arc<Self> {
         Arc::new(Counting {
             inner,
             renewals: AtomicUsize::new(0),
+            batches: AtomicUsize::new(0),
         })
     }
 
-    pub(crate) fn renewals(&self) -> usize {
+    /// Leases renewed so far (each lease of a batch counts once).
+    pub fn renewals(&self) -> usize {
         self.renewals.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` more renewal calls have completed, or `limit` passed.
+    pub async fn wait_batches(&self, n: usize, limit: Duration) {
+        let target = self.batches.load(Ordering::SeqCst) + n;
+        let until = Instant::now() + limit;
+        while self.batches.load(Ordering::SeqCst) < target && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
@@ -110,6 +125,15 @@ impl LockBackend for Counting {
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> distlock_api::Result<Renewal> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(key, ttl).await
+    }
+    async fn renew_batch(
+        &self,
+        batch: &[(&GrantKey, Duration)],
+    ) -> Vec<distlock_api::Result<Renewal>> {
+        self.renewals.fetch_add(batch.len(), Ordering::SeqCst);
+        let out = self.inner.renew_batch(batch).await;
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        out
     }
     async fn release(&self, key: &GrantKey) -> distlock_api::Result<bool> {
         self.inner.release(key).await
