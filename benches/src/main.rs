@@ -1,11 +1,12 @@
 //! distlock benchmarks: every backend against its raw client in the same run, plus the rslock
 //! peer, on servers the conformance harness starts on loopback.
 //!
-//! `cargo run --release -p distlock-bench -- [--quick | --smoke] [--out DIR]` writes
+//! `cargo run --release -p distlock-bench -- [--quick | --smoke] [--only LIST] [--out DIR]` writes
 //! `DIR/bench.md`, `DIR/bench.json` and `DIR/bench-handover.svg` (default DIR `target/bench`;
 //! the checked-in report is `docs/bench.md`, made with `--out docs`). Figures are medians of
 //! several rounds; the ratios are what to track, since machines are noisy. `--smoke` runs a few
-//! hundred iterations in all, to prove the bench still works (CI runs it).
+//! hundred iterations in all, to prove the bench still works (CI runs it). `--only etcd,zk`
+//! measures just those backends (the first word of a label: memory, redis, redlock, etcd, zk).
 //!
 //! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, rslock), hand-over with 8 and 64 clients on
 //! one name, 1 000 names under 256 tasks, and 10 000 leases held with the watchdog on.
@@ -128,6 +129,12 @@ async fn main() {
         .position(|a| a == "--out")
         .and_then(|i| args.get(i + 1).cloned())
         .unwrap_or_else(|| "target/bench".into());
+    // `--only etcd,zk`: just those backends (by the first word of their label).
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|list| list.split(',').map(str::to_string).collect());
 
     let redis = start(|| RedisServer::start().expect("redis")).await;
     let masters = start(|| RedisMasters::start(3).expect("redis masters")).await;
@@ -204,6 +211,12 @@ async fn main() {
             counter: Counter::Zk(zk.client_ports[0]),
         },
     ];
+    if let Some(only) = &only {
+        targets.retain(|t| {
+            only.iter()
+                .any(|o| t.label.split(' ').next() == Some(o.as_str()))
+        });
+    }
 
     let mut report = Report {
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),

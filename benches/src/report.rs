@@ -87,7 +87,7 @@ impl Report {
              Same work = the very requests our backend sends for a pair, sent by hand on a raw \
              connection (Redis: our acquire script, with its fencing counter and queue check, and \
              our release script; Redlock: `SET NX PX` and our release script on every master; \
-             etcd: our enqueue txn, which also reads the name's first key, on a reused key, then \
+             etcd: our enqueue txn, which also lists the name's newest keys, on a reused key, then \
              delete; ZooKeeper: create with our node name and data, the queue listing pipelined \
              behind it, then delete): same work / raw is what the guarantees cost on the \
              server, ours / same work is what the library adds on top.\n\n\

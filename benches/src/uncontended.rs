@@ -34,7 +34,7 @@ pub enum SameWork {
     /// Redis: our acquire script (fencing counter, queue check) + our release script. On several
     /// connections (Redlock): `SET NX PX` on all, then the release script on all.
     Redis(Vec<redis::aio::MultiplexedConnection>),
-    /// etcd: our enqueue txn (put-if-absent + first key of the name) on a reused key + delete.
+    /// etcd: our enqueue txn (put-if-absent + the name's nearest keys) on a reused key + delete.
     Etcd(Box<etcd_client::Client>, i64),
     /// ZooKeeper: create with our node name and data, the listing pipelined behind it, delete.
     Zk(zookeeper_client::Client),
@@ -217,10 +217,12 @@ impl SameWork {
                 let mut c = (**client).clone();
                 let prefix = format!("bench-same/{name}/");
                 let key = format!("{prefix}{lease:016x}.{:016x}", 0);
-                let first = GetOptions::new()
+                // Our key and its two nearest predecessors, keys only (`NEAR + 2` in the backend).
+                let nearest = GetOptions::new()
                     .with_prefix()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_limit(1);
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(3)
+                    .with_keys_only();
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                     .and_then([
@@ -229,12 +231,9 @@ impl SameWork {
                             secret,
                             Some(PutOptions::new().with_lease(*lease)),
                         ),
-                        TxnOp::get(prefix.as_str(), Some(first.clone())),
+                        TxnOp::get(prefix.as_str(), Some(nearest)),
                     ])
-                    .or_else([
-                        TxnOp::get(key.as_str(), None),
-                        TxnOp::get(prefix.as_str(), Some(first)),
-                    ]);
+                    .or_else([TxnOp::get(key.as_str(), None)]);
                 c.txn(txn).await.expect("txn");
                 c.delete(key, None).await.expect("delete");
             }

@@ -77,6 +77,7 @@ macro_rules! for_each_scenario {
             waiter_wakes_promptly_after_release,
             waiter_whose_session_dies_gets_an_error,
             waiters_are_granted_in_arrival_order,
+            waiters_behind_ones_that_gave_up_are_granted,
             cancelled_acquires_leave_nothing,
             reentrant_owner_counts_holds,
             server_kill_gives_retryable_errors_then_recovers,

@@ -1,9 +1,10 @@
-//! Waiting: prompt wake-up on release, waiters whose session dies, FIFO order.
+//! Waiting: prompt wake-up on release, waiters whose session dies, FIFO order, waiters that give
+//! up mid-queue.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::{AcquireOptions, LockClient, LockName};
+use distlock_api::{AcquireOptions, LockClient, LockError, LockName};
 use tokio::time::{Instant, sleep};
 
 use super::{client, eventually, opts, unique};
@@ -110,4 +111,73 @@ pub async fn waiters_are_granted_in_arrival_order(d: &dyn Deployment) {
         (0..WAITERS).collect::<Vec<_>>(),
         "grants out of arrival order"
     );
+}
+
+/// Waiters that give up mid-queue (three of seven, by timeout, while the lock is held) do not
+/// hold up the ones behind them: after the release every other waiter is granted, in arrival
+/// order where FIFO is declared, long before any of them would time out.
+pub async fn waiters_behind_ones_that_gave_up_are_granted(d: &dyn Deployment) {
+    const WAITERS: usize = 7;
+    const GIVE_UP: [usize; 3] = [1, 2, 4];
+    let name = unique("gave-up");
+    let key = LockName::new(name.as_str()).expect("valid");
+    let fifo = d.client().await.capabilities().fifo;
+    let holder = client(d).await;
+    let held = holder.try_acquire(&name, &opts(d)).await.expect("acquire");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (mut quitters, mut stayers) = (Vec::new(), Vec::new());
+    for i in 0..WAITERS {
+        let c = client(d).await;
+        let (n, o, order) = (name.clone(), opts(d), order.clone());
+        let quits = GIVE_UP.contains(&i);
+        let wait = Duration::from_secs(if quits { 2 } else { 60 });
+        let task = tokio::spawn(async move {
+            let lease = c.acquire(&n, &o, wait).await?;
+            order.lock().unwrap_or_else(|p| p.into_inner()).push(i);
+            lease.release().await.map(|_| ())
+        });
+        if quits {
+            quitters.push(task);
+        } else {
+            stayers.push(task);
+        }
+        if fifo {
+            // The next waiter arrives only once this one is queued in the backend.
+            let queued = eventually(Duration::from_secs(10), || async {
+                d.artifacts(&key).await >= i + 2
+            })
+            .await;
+            assert!(queued, "waiter {i} never showed up in the backend's queue");
+        } else {
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for t in quitters {
+        let outcome = t.await.expect("waiter task");
+        assert!(
+            matches!(outcome, Err(LockError::Timeout { .. })),
+            "a waiter meant to give up got {outcome:?}"
+        );
+    }
+    assert!(held.release().await.expect("release"));
+    let released = Instant::now();
+    for t in stayers {
+        t.await
+            .expect("waiter task")
+            .expect("waiter behind the quitters");
+    }
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "the waiters behind the quitters took {took:?} after the release"
+    );
+    let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut expected: Vec<usize> = (0..WAITERS).filter(|i| !GIVE_UP.contains(i)).collect();
+    if !fifo {
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, expected, "not every waiter was granted once");
+        expected = order.clone();
+    }
+    assert_eq!(order, expected, "grants out of arrival order");
 }
