@@ -352,6 +352,16 @@ impl RedisBackend {
         Ok(n == 1)
     }
 
+    /// How many connections listen for `keys`' release messages (`PUBSUB NUMSUB`): the waiters
+    /// a Redlock waiter competes with when a release wakes them all.
+    pub(crate) async fn listeners(&self, keys: &LockKeys) -> Result<usize> {
+        let mut conn = self.conn.clone();
+        let mut numsub = redis::cmd("PUBSUB");
+        numsub.arg("NUMSUB").arg(&keys.channel);
+        let counts: Vec<(String, usize)> = self.with_timeout(numsub.query_async(&mut conn)).await?;
+        Ok(counts.first().map_or(0, |(_, n)| *n))
+    }
+
     /// Takes a waiter that gives up out of the queue (and tells the next one if the lock is
     /// free). Best effort: a waiter left behind is dropped when its liveness runs out.
     async fn leave_queue(&self, keys: &LockKeys, secret: &OwnerSecret) {

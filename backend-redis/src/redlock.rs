@@ -6,7 +6,8 @@
 //!   the monotonic clock from before the first request was sent. The lease's local deadline is
 //!   exactly that validity.
 //! * **Failure**: release on *all* nodes, including those that did not answer (they may have
-//!   granted after their timeout), then retry after a random delay, up to the caller's deadline
+//!   granted after their timeout), then retry after a random delay or at a release message from
+//!   any node (the woken waiters' starts spread by how many listen), up to the caller's deadline
 //!   and `retry_count` rounds.
 //! * **Renew / release**: on all nodes; renew succeeds iff a majority extended, release iff a
 //!   majority deleted. A renewal that reaches no majority is retried by the watchdog only until
@@ -48,6 +49,13 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(10),
     wakeup: Wakeup::PubSub,
 };
+
+/// How far apart, per competing waiter, the waiters a release wakes together start their next
+/// round. Too close and three or more send their `SET`s at once and split the votes, so nobody
+/// wins and all go round again; too far and the earliest starts late. On 3 local masters, 8
+/// clients on one name made 1 200-1 400 hand-overs/s with the wake-ups spread over 5 ms and
+/// ~380/s over 50 ms, while 64 clients did best at 50 ms or more.
+const SPREAD_PER_WAITER: Duration = Duration::from_micros(700);
 
 /// The validity left of a lease of `ttl` whose acquire took `elapsed` (from before the first
 /// request to after the last answer and the quorum check), or `None` when nothing is left.
@@ -196,6 +204,19 @@ impl RedlockBackend {
         }
     }
 
+    /// How far apart the waiters woken by one release start: [`SPREAD_PER_WAITER`] per
+    /// listener on the first node that answers, within 1 ms and `max` (the retry delay's
+    /// minimum, also what is used when no node answers).
+    async fn wake_spread(&self, name: &LockName, max: Duration) -> Duration {
+        for n in self.nodes.iter() {
+            if let Ok(listeners) = n.listeners(&n.keys(name)).await {
+                let per = SPREAD_PER_WAITER.saturating_mul(listeners.min(u32::MAX as usize) as u32);
+                return per.clamp(Duration::from_millis(1).min(max), max);
+            }
+        }
+        max
+    }
+
     fn grant(&self, name: &LockName, secret: OwnerSecret, ttl: Duration, start: Instant) -> Grant {
         Grant {
             key: GrantKey {
@@ -244,6 +265,8 @@ impl LockBackend for RedlockBackend {
             }
         }
         let mut rounds = 0;
+        // Learned after the first refusal, so an uncontended acquire pays nothing for it.
+        let mut spread = None;
         loop {
             // One release reaches us once per node: what came before this round is answered by
             // it, so only a later release may end the next wait (no extra round per node).
@@ -259,13 +282,17 @@ impl LockBackend for RedlockBackend {
             }
             let (lo, hi) = self.options.retry_delay;
             let pause = rand::rng().random_range(lo..=hi);
+            let spread = match spread {
+                Some(s) => s,
+                None => *spread.insert(self.wake_spread(name, lo).await),
+            };
             let released = async {
                 if subs.is_empty() {
                     std::future::pending::<()>().await;
                 }
                 select_all(subs.iter_mut().map(|s| Box::pin(s.released()))).await;
                 // Spread the woken waiters so they do not split the votes every time.
-                let jitter = rand::rng().random_range(Duration::ZERO..=lo);
+                let jitter = rand::rng().random_range(Duration::ZERO..=spread);
                 tokio::time::sleep(jitter).await;
             };
             tokio::select! {
