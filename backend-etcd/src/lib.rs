@@ -8,23 +8,27 @@
 //!   out, every lease of the session fires its lost signal, before etcd can have expired it.
 //!   After a loss the next acquire makes a new lease; old keys are never reused.
 //! * **Acquire**: a txn puts `prefix/<name>/<lease>.<slot>` if its create revision is 0 and
-//!   reads the first-created key of the name in the same step; the lowest create revision holds.
-//!   The slot is reused by the client's next acquire of the name once the key is deleted (never
-//!   before), so etcd's key index does not grow by one entry per acquire. A waiter watches only
-//!   its nearest predecessor with a watch that starts synced (no herd, no 100 ms "unsynced
-//!   watcher" stall), re-checks once if revisions passed before the watch began (no missed
-//!   deletion), and re-checks every lower key after each event (a waiter ahead of us expiring
-//!   does not grant us the lock). Before returning, it
-//!   checks that its own key and session are still alive (etcd #11456). Try-acquire, timeout,
-//!   error, a dead session and a dropped future all delete our key (retried, bounded; the session
-//!   TTL is the fallback).
+//!   lists the name's newest keys in the same step; the lowest create revision holds. The slot
+//!   is reused by the client's next acquire of the name once the key is deleted (never before),
+//!   so etcd's key index does not grow by one entry per acquire. A waiter with one key ahead
+//!   watches the name's deletes and is granted on the holder's delete event itself (no read
+//!   after it: the keys ahead only shrink, a watch reports every event after its start in order,
+//!   and our own key's delete would come first); further back it follows only the key two
+//!   places ahead, so a release wakes at most two waiters (no herd). Watches start synced (no
+//!   100 ms "unsynced watcher" stall), and what passed before a watch began is read once (no
+//!   missed deletion); a waiter ahead of us that gives up or expires does not grant us the
+//!   lock. Before returning, it checks that its own key (watched or read) and its session are
+//!   still alive (etcd #11456). Try-acquire, timeout, error, a dead session and a dropped
+//!   future all delete our key (retried, bounded; the session TTL is the fallback), the last
+//!   only once the put's answer is in, so the delete cannot overtake it.
 //! * **Fencing token** = our key's create revision: cluster-wide, strictly increasing, and
 //!   granted in that order. [`EtcdBackend::guarded_txn`] writes data kept in etcd only while our
 //!   key still exists with that revision.
 //! * **Renew** is one session keep-alive plus a check that our key exists; **release** checks the
 //!   secret against the slot's holder locally, then deletes our key (one plain delete, as cheap
 //!   as the raw minimum), never the shared lease.
-//! * Reads are linearizable (etcd's default); no serializable read is used for a lock decision.
+//! * Reads are linearizable (etcd's default); no serializable read is used for a lock decision,
+//!   and a grant on a watch event rests on committed history only.
 //!
 //! # TTL mapping
 //! The per-acquire TTL of the trait does not apply: every lock of a client lives as long as the
