@@ -11,7 +11,7 @@ use distlock_api::{
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
     LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions, WatchResponse,
+    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse,
 };
 use futures_util::future::join_all;
 use tokio::time::{Instant, timeout, timeout_at};
@@ -208,6 +208,15 @@ impl EtcdBackend {
         }
     }
 
+    /// One txn through [`Self::call`] (every txn here is safe to repeat).
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.call(|mut c| {
+            let t = txn.clone();
+            async move { c.txn(t).await }
+        })
+        .await
+    }
+
     /// The live session, or a new one if there is none or it was lost (a new lease: no acquire
     /// ever reuses keys of a dead session).
     async fn session(&self) -> Result<Arc<Session>> {
@@ -250,12 +259,8 @@ impl EtcdBackend {
         lease: i64,
         secret: &str,
     ) -> Result<(i64, Ahead)> {
-        // Newest first: our fresh key, then its nearest predecessors.
-        let nearest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(NEAR as i64 + 2)
-            .with_keys_only();
+        // Our fresh key, then its nearest predecessors.
+        let nearest = newest_keys(NEAR + 2);
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
@@ -264,12 +269,7 @@ impl EtcdBackend {
             ])
             // A retry whose first try was applied (reply lost) finds our own key here.
             .or_else([TxnOp::get(key, None)]);
-        let resp = self
-            .call(|mut c| {
-                let t = txn.clone();
-                async move { c.txn(t).await }
-            })
-            .await?;
+        let resp = self.txn(txn).await?;
         let at = resp.header().map(|h| h.revision()).unwrap_or_default();
         let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().last() else {
             return Err(self.err_text("the enqueue txn answered without its read"));
@@ -306,22 +306,12 @@ impl EtcdBackend {
 
     /// Reads what is ahead of our key (created at `my_rev`) now, and whether it still exists.
     async fn read_ahead(&self, prefix: &str, key: &str, my_rev: i64) -> Result<Ahead> {
-        let nearest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(my_rev - 1)
-            .with_limit(NEAR as i64 + 1)
-            .with_keys_only();
+        let nearest = newest_keys(NEAR + 1).with_max_create_revision(my_rev - 1);
         let read = Txn::new().and_then([
             TxnOp::get(prefix, Some(nearest)),
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
         ]);
-        let resp = self
-            .call(|mut c| {
-                let t = read.clone();
-                async move { c.txn(t).await }
-            })
-            .await?;
+        let resp = self.txn(read).await?;
         let at = resp.header().map(|h| h.revision()).unwrap_or_default();
         let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
             TxnOpResponse::Get(g) => Some(g),
@@ -576,6 +566,15 @@ impl Drop for QueuedKey {
     }
 }
 
+/// The `limit` most recently created keys of a name's range, newest first, keys only.
+fn newest_keys(limit: usize) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(limit as i64)
+        .with_keys_only()
+}
+
 /// A member is down or has no leader: another member may answer.
 fn unavailable(e: &etcd_client::Error) -> bool {
     match e {
@@ -703,13 +702,7 @@ impl LockBackend for EtcdBackend {
             let txn = Txn::new()
                 .when([Compare::value(path, CompareOp::Equal, secret)])
                 .and_then([TxnOp::delete(path, None)]);
-            return Ok(self
-                .call(|mut c| {
-                    let t = txn.clone();
-                    async move { c.txn(t).await }
-                })
-                .await?
-                .succeeded());
+            return Ok(self.txn(txn).await?.succeeded());
         };
         let prefix = self.name_prefix(&key.name);
         if !path.starts_with(&prefix) || !session.holds_slot(&prefix, slot, &secret) {

@@ -210,7 +210,8 @@ impl RedlockBackend {
     async fn wake_spread(&self, name: &LockName, max: Duration) -> Duration {
         for n in self.nodes.iter() {
             if let Ok(listeners) = n.listeners(&n.keys(name)).await {
-                let per = SPREAD_PER_WAITER.saturating_mul(listeners.min(u32::MAX as usize) as u32);
+                let per =
+                    SPREAD_PER_WAITER.saturating_mul(u32::try_from(listeners).unwrap_or(u32::MAX));
                 return per.clamp(Duration::from_millis(1).min(max), max);
             }
         }

@@ -3,6 +3,7 @@
 use tokio::time::Instant;
 
 use crate::stats::{Stats, stats};
+use crate::uncontended::redis_conns;
 
 /// What to ping.
 pub enum Ping {
@@ -13,17 +14,7 @@ pub enum Ping {
 
 impl Ping {
     pub async fn redis(urls: &[String]) -> Self {
-        let mut conns = Vec::new();
-        for u in urls {
-            conns.push(
-                redis::Client::open(u.as_str())
-                    .expect("url")
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect"),
-            );
-        }
-        Ping::Redis(conns)
+        Ping::Redis(redis_conns(urls).await)
     }
 
     async fn once(&self) {

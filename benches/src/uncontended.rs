@@ -274,7 +274,8 @@ async fn set_nx_everywhere(conns: &[redis::aio::MultiplexedConnection], key: &st
     .await;
 }
 
-async fn redis_conns(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
+/// One multiplexed connection per Redis URL (the raw contenders and the round-trip yardstick).
+pub(crate) async fn redis_conns(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
     let mut conns = Vec::new();
     for url in urls {
         conns.push(
