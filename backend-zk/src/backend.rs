@@ -14,6 +14,7 @@ use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState,
 
 use crate::config::{NodeAcl, ZkOptions};
 use crate::paths::{LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, sequence};
+use crate::repeat::Repeat;
 use crate::session::Epoch;
 
 /// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
@@ -44,6 +45,7 @@ struct Inner {
     connect: String,
     options: ZkOptions,
     epoch: tokio::sync::Mutex<Option<Arc<Epoch>>>,
+    repeat: Repeat,
 }
 
 impl std::fmt::Debug for ZkBackend {
@@ -81,6 +83,7 @@ impl ZkBackend {
                 connect: connect.to_string(),
                 options,
                 epoch: tokio::sync::Mutex::new(None),
+                repeat: Repeat::default(),
             }),
         };
         backend.ensure_chroot().await?;
@@ -230,8 +233,9 @@ impl ZkBackend {
     /// Creates our ephemeral sequential node; returns its path, its Stat (czxid) and the queue
     /// as it stood just after the create. The listing is sent right behind the create without
     /// waiting (requests of one session run in order, so it sees our node): an uncontended
-    /// acquire costs one round trip, not two. After a connection loss during create, finds the
-    /// node by its protected prefix *and* our session id before creating another.
+    /// acquire costs one round trip, not two. A repeat acquire on an idle ensemble may skip the
+    /// listing (see [`crate::repeat`]). After a connection loss during create, finds the node by
+    /// its protected prefix *and* our session id before creating another.
     async fn create_node(
         &self,
         epoch: &Epoch,
@@ -241,13 +245,26 @@ impl ZkBackend {
         let prefix = node_prefix(dir, secret);
         let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
         let data = secret.expose_hex();
+        let prior = self.inner.repeat.take(dir);
         for _ in 0..CREATE_TRIES {
             let create = epoch.client.create(&prefix, data.as_bytes(), &mode);
-            let list = epoch.client.list_children(dir);
-            let (created, listed) = tokio::join!(self.call(create), self.call(list));
+            let (created, listed) = if prior.as_ref().is_some_and(|p| p.alone) {
+                (self.call(create).await, None)
+            } else {
+                let list = epoch.client.list_children(dir);
+                let (created, listed) = tokio::join!(self.call(create), self.call(list));
+                (created, listed.ok().map(in_order))
+            };
             match created {
                 Ok((stat, seq)) => {
-                    return Ok((format!("{prefix}{seq}"), stat, listed.ok().map(in_order)));
+                    let path = format!("{prefix}{seq}");
+                    let listed = match &prior {
+                        Some(p) if self.inner.repeat.proves_alone(p, stat.czxid) => {
+                            path.rsplit('/').next().map(|node| vec![node.to_string()])
+                        }
+                        _ => listed,
+                    };
+                    return Ok((path, stat, listed));
                 }
                 Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => {
                     self.ensure_dir(&epoch.client, dir).await?
@@ -342,6 +359,7 @@ impl ZkBackend {
             return Err(e);
         }
         queued.armed = false;
+        self.inner.repeat.granted(&path, stat.czxid);
         Ok(Grant {
             key: GrantKey {
                 name: name.clone(),
@@ -579,7 +597,10 @@ impl LockBackend for ZkBackend {
         }
         let client = self.client().await?;
         match self.call(client.delete(&key.resource, None)).await {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.inner.repeat.released(&key.resource);
+                Ok(true)
+            }
             Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => Ok(false),
             Err(e) => Err(e),
         }

@@ -6,7 +6,10 @@
 //!   only the next lower node and re-lists after every event; before success it checks its node
 //!   and its session epoch are still alive. After a connection loss during create it finds its
 //!   node by the protected `_c_<attempt>` prefix *and* our session id (CURATOR-498) before
-//!   creating another. Busy, timeout, error and a dropped future delete our node (inline, or in
+//!   creating another. A repeat acquire on an otherwise idle ensemble is granted on its create
+//!   alone: when the zxid gap to our own released node in that directory is exactly 2, nothing
+//!   else was written in between, so the queue holds our node alone (proof in `repeat.rs`).
+//!   Busy, timeout, error and a dropped future delete our node (inline, or in
 //!   the background with bounded retries; the session is the fallback).
 //! * **Fencing token** = the node's czxid, read from the create reply itself (create2): totally
 //!   ordered across the ensemble, never the per-parent 32-bit sequence suffix.
@@ -26,15 +29,13 @@
 //! `zookeeper-client` ships `Client::lock`, which is cancellation safe and recovers its node
 //! after a connection loss, but it does not return the node's Stat, so the czxid would need a
 //! second read that is not atomic with the create. This crate writes the recipe itself.
-//!
-//! # Not yet here
-//! The 3-node ensemble fault tests of issue 7.
 #![deny(missing_docs)]
 
 mod backend;
 mod config;
 mod guard;
 pub mod paths;
+mod repeat;
 mod session;
 pub mod url;
 

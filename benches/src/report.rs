@@ -88,8 +88,9 @@ impl Report {
              connection (Redis: our acquire script, with its fencing counter and queue check, and \
              our release script; Redlock: `SET NX PX` and our release script on every master; \
              etcd: our enqueue txn, which also lists the name's newest keys, on a reused key, then \
-             delete; ZooKeeper: create with our node name and data, the queue listing pipelined \
-             behind it, then delete): same work / raw is what the guarantees cost on the \
+             delete; ZooKeeper: create with our node name and data, then delete, as a repeat \
+             acquire on an idle ensemble sends them: its zxid gap proves the queue empty, so no \
+             queue listing rides behind the create): same work / raw is what the guarantees cost on the \
              server, ours / same work is what the library adds on top.\n\n\
              | backend | pairs/s | p50 | p99 | raw pairs/s | raw p50 | ours/raw throughput | ours/raw p50 | same work pairs/s | same work/raw | ours/same work |\n\
              |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -177,7 +178,7 @@ impl Report {
             "\n## Where the uncontended gap to raw is\n\n\
              ours/raw = (same work/raw) x (ours/same work): the first factor is the price of the \
              guarantees on the server (fencing counter and queue check in a script on Redis; the \
-             queue read that rides in the acquire's round trip on etcd and ZooKeeper), the second \
+             queue read that rides in the acquire's txn on etcd), the second \
              what the library adds (lease, watchdog, lost signal, cancellation guards).\n\n\
              | backend | ours/raw | same work/raw | ours/same work |\n|---|---:|---:|---:|\n",
         );

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, Lease, LockBackend, LockClient};
+use distlock_conformance::harness::packets_received;
 use distlock_conformance::scenarios::Counting;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -121,11 +122,10 @@ impl Counter {
             }
             Counter::Zk(port) => {
                 let port = *port;
-                let text = tokio::task::spawn_blocking(move || get(port, "mntr"))
+                tokio::task::spawn_blocking(move || packets_received(port))
                     .await
-                    .expect("mntr");
-                text.lines()
-                    .find_map(|l| l.strip_prefix("zk_packets_received")?.trim().parse().ok())
+                    .expect("mntr")
+                    .map(|n| n as f64)
             }
         }
     }

@@ -130,6 +130,14 @@ impl ZkEnsemble {
     }
 }
 
+/// How many packets the node on `port` has received (`mntr`; client pings included): counts
+/// the requests a client sends, from the server's side.
+pub fn packets_received(port: u16) -> Option<u64> {
+    let r = ask(local(port), b"mntr", Duration::from_secs(2))?;
+    r.lines()
+        .find_map(|l| l.strip_prefix("zk_packets_received")?.trim().parse().ok())
+}
+
 /// The node's mode (`standalone`, `leader`, `follower`) from the `srvr` command.
 pub fn mode(port: u16) -> Option<String> {
     let r = ask(local(port), b"srvr", Duration::from_millis(500))?;
