@@ -35,7 +35,7 @@ use crate::uncontended::{Pair, interleaved};
 #[derive(Clone, Copy)]
 struct Size {
     rounds: usize,
-    /// Uncontended pairs per round (a quarter on etcd and ZooKeeper, which sync every write).
+    /// Uncontended pairs per round (half on etcd and ZooKeeper, which sync every write).
     pairs: usize,
     /// Hand-over grants per run, and the time budget of one run.
     grants: usize,
@@ -185,7 +185,7 @@ async fn main() {
                 "etcd://{}/bench?session_ttl=10s",
                 etcd.endpoints().join(",")
             ),
-            slow: 4,
+            slow: 2,
             raw: Some(Pair::raw_etcd(&etcd.endpoints()).await),
             same: Some(Pair::same_etcd(&etcd.endpoints()).await),
             peer: None,
@@ -199,7 +199,7 @@ async fn main() {
         Target {
             label: "zk",
             url: format!("zk://{}?root=/bench", zk.connect_string()),
-            slow: 4,
+            slow: 2,
             raw: Some(Pair::raw_zk(&zk.connect_string()).await),
             same: Some(Pair::same_zk(&zk.connect_string()).await),
             peer: None,
