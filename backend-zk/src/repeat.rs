@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[derive(Default)]
 pub(crate) struct Repeat {
     last: Mutex<Option<Last>>,
-    /// Whether the last create that had a released grant behind it found the gap of 2.
+    /// Whether the last create that had a released grant behind it missed the gap of 2 (the
+    /// next one then carries the queue read again).
     missed: AtomicBool,
 }
 
