@@ -10,8 +10,9 @@ use distlock_api::{
 };
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse,
+    KvClient, LeaseClient, LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, TlsOptions,
+    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchClient, WatchFilterType, WatchOptions,
+    WatchResponse,
 };
 use futures_util::future::join_all;
 use tokio::time::{Instant, timeout, timeout_at};
@@ -100,6 +101,11 @@ pub struct EtcdBackend {
 
 struct Inner {
     client: Client,
+    /// The client's services, cloned per request instead of the whole client: a `Client` clone
+    /// copies eight service clients and the connect options (~5 us measured), one service ~0.5 us.
+    kv: KvClient,
+    watch: WatchClient,
+    lease: LeaseClient,
     options: EtcdOptions,
     endpoints: String,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
@@ -158,6 +164,9 @@ impl EtcdBackend {
         .map_err(|e| etcd_error(&label, e))?;
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
+                kv: client.kv_client(),
+                watch: client.watch_client(),
+                lease: client.lease_client(),
                 client,
                 options,
                 endpoints: label,
@@ -181,17 +190,19 @@ impl EtcdBackend {
         etcd_error(&self.inner.endpoints, e)
     }
 
-    /// Runs `op` on a client, cut off after `op_timeout` in total. An `Unavailable` answer (a
-    /// member that is down or has no leader) is retried meanwhile, so a request that the client
-    /// routed to a dead member goes to a live one; every operation here is safe to repeat.
-    async fn call<T, F, Fut>(&self, mut op: F) -> Result<T>
+    /// Runs `op` on a clone of `client` (one of ours), cut off after `op_timeout` in total. An
+    /// `Unavailable` answer (a member that is down or has no leader) is retried meanwhile, so a
+    /// request that the client routed to a dead member goes to a live one; every operation here
+    /// is safe to repeat.
+    async fn call<C, T, F, Fut>(&self, client: &C, mut op: F) -> Result<T>
     where
-        F: FnMut(Client) -> Fut,
+        C: Clone,
+        F: FnMut(C) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = Instant::now() + self.inner.options.op_timeout;
         loop {
-            match timeout_at(deadline, op(self.inner.client.clone())).await {
+            match timeout_at(deadline, op(client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if unavailable(&e) && Instant::now() + RETRY_PAUSE < deadline => {
                     tokio::time::sleep(RETRY_PAUSE).await;
@@ -210,7 +221,7 @@ impl EtcdBackend {
 
     /// One txn through [`Self::call`] (every txn here is safe to repeat).
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.call(|mut c| {
+        self.call(&self.inner.kv, |mut c| {
             let t = txn.clone();
             async move { c.txn(t).await }
         })
@@ -227,7 +238,9 @@ impl EtcdBackend {
             return Ok(s.clone());
         }
         let s = self
-            .call(|c| Session::start(c, self.inner.options.session_ttl_secs()))
+            .call(&self.inner.client, |c| {
+                Session::start(c, self.inner.options.session_ttl_secs())
+            })
             .await?;
         let mut all = self
             .inner
@@ -366,7 +379,7 @@ impl EtcdBackend {
                 options = options.with_prefix();
             }
             let mut watch = self
-                .call(|mut c| {
+                .call(&self.inner.watch, |mut c| {
                     let (k, o) = (watched.clone(), options.clone());
                     async move { c.watch(k, Some(o)).await }
                 })
@@ -524,7 +537,9 @@ impl QueuedKey {
         while attempt < CLEANUP_TRIES {
             match self
                 .backend
-                .call(|mut c| async move { c.delete(key, None).await })
+                .call(&self.backend.inner.kv, |mut c| async move {
+                    c.delete(key, None).await
+                })
                 .await
             {
                 Ok(d) if d.deleted() == 0 && unsure => {
@@ -644,8 +659,8 @@ impl LockBackend for EtcdBackend {
             let Some(session) = session else {
                 return Ok(None);
             };
-            let keys = self.call(|mut c| async move {
-                c.lease_time_to_live(*lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+            let keys = self.call(&self.inner.lease, |mut c| async move {
+                c.time_to_live(*lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
                     .await
             });
             let (alive, keys) = tokio::join!(timeout_at(deadline, session.refresh()), keys);
@@ -709,7 +724,10 @@ impl LockBackend for EtcdBackend {
             return Ok(false);
         }
         let deleted = self
-            .call(|mut c| async move { c.delete(path, None).await })
+            .call(
+                &self.inner.kv,
+                |mut c| async move { c.delete(path, None).await },
+            )
             .await?;
         session.free_slot(&prefix, slot);
         Ok(deleted.deleted() > 0)
