@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
-    LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, RepeatPrior, Result, Wakeup,
 };
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
@@ -111,6 +111,10 @@ struct Inner {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// Sessions by lease id, so renew / release find the session a grant lives on.
     sessions: Mutex<Vec<std::sync::Weak<Session>>>,
+    /// etcd gives every txn that changes a key the next revision (a lease expiry that deletes
+    /// keys too; one that changes nothing keeps it), so a gap of 2 between our released key's
+    /// create revision and our new one proves a repeat grant (see [`RepeatGrant`]).
+    repeat: RepeatGrant,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -172,6 +176,7 @@ impl EtcdBackend {
                 endpoints: label,
                 session: tokio::sync::Mutex::new(None),
                 sessions: Mutex::new(Vec::new()),
+                repeat: RepeatGrant::default(),
             }),
         })
     }
@@ -264,26 +269,51 @@ impl EtcdBackend {
             .find(|s| s.lease == lease)
     }
 
-    /// Puts our attempt key; returns our create revision and what is ahead of it.
+    /// Puts our attempt key; returns our create revision and what is ahead of it. The read of
+    /// the keys ahead rides in the same txn, unless `prior` says to leave it out (a repeat
+    /// acquire, see [`RepeatGrant`]): then a revision gap of 2 grants with no read, and any other
+    /// gap reads after the put.
     async fn enqueue(
         &self,
         prefix: &str,
         key: &str,
         lease: i64,
         secret: &str,
+        prior: Option<RepeatPrior>,
     ) -> Result<(i64, Ahead)> {
-        // Our fresh key, then its nearest predecessors.
-        let nearest = newest_keys(NEAR + 2);
+        let alone = prior.as_ref().is_some_and(RepeatPrior::send_alone);
+        // Our fresh key, then (unless sent alone) its nearest predecessors.
+        let mut ops = vec![TxnOp::put(
+            key,
+            secret,
+            Some(PutOptions::new().with_lease(lease)),
+        )];
+        if !alone {
+            ops.push(TxnOp::get(prefix, Some(newest_keys(NEAR + 2))));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key, secret, Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(prefix, Some(nearest)),
-            ])
+            .and_then(ops)
             // A retry whose first try was applied (reply lost) finds our own key here.
             .or_else([TxnOp::get(key, None)]);
         let resp = self.txn(txn).await?;
         let at = resp.header().map(|h| h.revision()).unwrap_or_default();
+        if resp.succeeded() {
+            if prior
+                .as_ref()
+                .is_some_and(|p| self.inner.repeat.proves_alone(p, at))
+            {
+                let ahead = Ahead {
+                    keys: Vec::new(),
+                    alive: true,
+                    at: Some(at),
+                };
+                return Ok((at, ahead));
+            }
+            if alone {
+                return Ok((at, self.read_ahead(prefix, key, at).await?));
+            }
+        }
         let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().last() else {
             return Err(self.err_text("the enqueue txn answered without its read"));
         };
@@ -460,8 +490,9 @@ impl EtcdBackend {
             secret.expose_hex(),
             session.lease,
         );
+        let prior = self.inner.repeat.take(&prefix);
         tokio::spawn(async move {
-            let enqueued = this.enqueue(&queued.prefix, &k, lease, &hex).await;
+            let enqueued = this.enqueue(&queued.prefix, &k, lease, &hex, prior).await;
             queued.unsure = enqueued.is_err();
             let _ = tx.send((queued, enqueued));
         });
@@ -494,6 +525,7 @@ impl EtcdBackend {
             }
         }
         queued.key = None;
+        self.inner.repeat.granted(&prefix, &key, my_rev);
         Ok(Grant {
             key: GrantKey {
                 name: name.clone(),
@@ -730,6 +762,9 @@ impl LockBackend for EtcdBackend {
             )
             .await?;
         session.free_slot(&prefix, slot);
+        if deleted.deleted() > 0 {
+            self.inner.repeat.released(path);
+        }
         Ok(deleted.deleted() > 0)
     }
 }

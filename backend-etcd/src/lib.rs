@@ -10,7 +10,10 @@
 //! * **Acquire**: a txn puts `prefix/<name>/<lease>.<slot>` if its create revision is 0 and
 //!   lists the name's newest keys in the same step; the lowest create revision holds. The slot
 //!   is reused by the client's next acquire of the name once the key is deleted (never before),
-//!   so etcd's key index does not grow by one entry per acquire. A waiter with one key ahead
+//!   so etcd's key index does not grow by one entry per acquire. A repeat acquire on an
+//!   otherwise idle cluster leaves the read out: when its create revision is exactly 2 past our
+//!   own released key's, nothing else was written in between, so nobody is ahead (proof at
+//!   [`distlock_api::RepeatGrant`]); any other gap reads the keys ahead after the put. A waiter with one key ahead
 //!   watches the name's deletes and is granted on the holder's delete event itself (no read
 //!   after it: the keys ahead only shrink, a watch reports every event after its start in order,
 //!   and our own key's delete would come first); further back it follows only the key two

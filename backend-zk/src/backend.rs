@@ -7,14 +7,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
-    LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, Result, Wakeup,
 };
 use tokio::time::{Instant, timeout};
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState, Stat};
 
 use crate::config::{NodeAcl, ZkOptions};
 use crate::paths::{LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, sequence};
-use crate::repeat::Repeat;
 use crate::session::Epoch;
 
 /// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
@@ -45,7 +44,9 @@ struct Inner {
     connect: String,
     options: ZkOptions,
     epoch: tokio::sync::Mutex<Option<Arc<Epoch>>>,
-    repeat: Repeat,
+    /// ZooKeeper gives every write of the ensemble the next zxid (a session's start and end
+    /// too), so a czxid gap of 2 proves a repeat grant (see [`RepeatGrant`]).
+    repeat: RepeatGrant,
 }
 
 impl std::fmt::Debug for ZkBackend {
@@ -83,7 +84,7 @@ impl ZkBackend {
                 connect: connect.to_string(),
                 options,
                 epoch: tokio::sync::Mutex::new(None),
-                repeat: Repeat::default(),
+                repeat: RepeatGrant::default(),
             }),
         };
         backend.ensure_chroot().await?;
@@ -234,7 +235,7 @@ impl ZkBackend {
     /// as it stood just after the create. The listing is sent right behind the create without
     /// waiting (requests of one session run in order, so it sees our node): an uncontended
     /// acquire costs one round trip, not two. A repeat acquire on an idle ensemble may skip the
-    /// listing (see [`crate::repeat`]). After a connection loss during create, finds the node by
+    /// listing (see [`RepeatGrant`]). After a connection loss during create, finds the node by
     /// its protected prefix *and* our session id before creating another.
     async fn create_node(
         &self,
@@ -248,7 +249,7 @@ impl ZkBackend {
         let prior = self.inner.repeat.take(dir);
         for _ in 0..CREATE_TRIES {
             let create = epoch.client.create(&prefix, data.as_bytes(), &mode);
-            let (created, listed) = if prior.as_ref().is_some_and(|p| p.alone) {
+            let (created, listed) = if prior.as_ref().is_some_and(|p| p.send_alone()) {
                 (self.call(create).await, None)
             } else {
                 let list = epoch.client.list_children(dir);
@@ -359,7 +360,7 @@ impl ZkBackend {
             return Err(e);
         }
         queued.armed = false;
-        self.inner.repeat.granted(&path, stat.czxid);
+        self.inner.repeat.granted(&dir, &path, stat.czxid);
         Ok(Grant {
             key: GrantKey {
                 name: name.clone(),

@@ -8,7 +8,8 @@
 //!   node by the protected `_c_<attempt>` prefix *and* our session id (CURATOR-498) before
 //!   creating another. A repeat acquire on an otherwise idle ensemble is granted on its create
 //!   alone: when the zxid gap to our own released node in that directory is exactly 2, nothing
-//!   else was written in between, so the queue holds our node alone (proof in `repeat.rs`).
+//!   else was written in between, so the queue holds our node alone (proof at
+//!   [`distlock_api::RepeatGrant`]).
 //!   Busy, timeout, error and a dropped future delete our node (inline, or in
 //!   the background with bounded retries; the session is the fallback).
 //! * **Fencing token** = the node's czxid, read from the create reply itself (create2): totally
@@ -35,7 +36,6 @@ mod backend;
 mod config;
 mod guard;
 pub mod paths;
-mod repeat;
 mod session;
 pub mod url;
 

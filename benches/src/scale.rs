@@ -1,13 +1,11 @@
 //! Scale: many names under many tasks through one client, and many leases held at once with the
 //! watchdog on (process memory and server round trips per renewal tick).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, Lease, LockBackend, LockClient};
-use distlock_conformance::harness::packets_received;
+use distlock_conformance::harness::{metric_sum, packets_received};
 use distlock_conformance::scenarios::Counting;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -56,22 +54,6 @@ pub enum Counter {
     Zk(u16),
 }
 
-fn get(port: u16, request: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect for counters");
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-    s.write_all(request.as_bytes()).expect("send");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-fn sum_metric(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 impl Counter {
     /// Requests served so far, or `None` without a server.
     pub async fn read(&self) -> Option<f64> {
@@ -101,24 +83,24 @@ impl Counter {
             }
             Counter::Etcd(port) => {
                 let port = *port;
-                let text = tokio::task::spawn_blocking(move || {
-                    get(port, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                tokio::task::spawn_blocking(move || {
+                    metric_sum(
+                        port,
+                        &[
+                            ("grpc_server_handled_total", "grpc_method=\"Txn\""),
+                            (
+                                "grpc_server_msg_received_total",
+                                "grpc_method=\"LeaseKeepAlive\"",
+                            ),
+                            (
+                                "grpc_server_handled_total",
+                                "grpc_method=\"LeaseTimeToLive\"",
+                            ),
+                        ],
+                    )
                 })
                 .await
-                .expect("metrics");
-                Some(
-                    sum_metric(&text, "grpc_server_handled_total", "grpc_method=\"Txn\"")
-                        + sum_metric(
-                            &text,
-                            "grpc_server_msg_received_total",
-                            "grpc_method=\"LeaseKeepAlive\"",
-                        )
-                        + sum_metric(
-                            &text,
-                            "grpc_server_handled_total",
-                            "grpc_method=\"LeaseTimeToLive\"",
-                        ),
-                )
+                .expect("metrics")
             }
             Counter::Zk(port) => {
                 let port = *port;

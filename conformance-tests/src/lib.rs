@@ -56,6 +56,7 @@ macro_rules! for_each_scenario {
         $m! { $arg;
             mutual_exclusion_under_contention,
             try_acquire_on_held_lock_is_busy,
+            repeat_acquire_waits_for_a_holder_in_between,
             acquire_times_out_and_leaves_nothing,
             distinct_names_do_not_interfere,
             unusual_names_work,

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use etcd::EtcdCluster;
+pub use etcd::{EtcdCluster, metric_sum};
 pub use holder::{HolderProcess, holder_binary};
 pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};

@@ -76,6 +76,38 @@ pub async fn try_acquire_on_held_lock_is_busy(d: &dyn Deployment) {
     assert_eq!(d.artifacts(&key).await, 0);
 }
 
+/// A client that took and released a lock twice (so etcd and ZooKeeper would send its next
+/// enqueue without the queue read) finds it busy when another client took it right after its
+/// release (the very next write), and is granted after that holder's release, with a larger
+/// token where tokens are monotonic. Three rounds, so a repeat guess that missed is followed by
+/// one that carries the read again.
+pub async fn repeat_acquire_waits_for_a_holder_in_between(d: &dyn Deployment) {
+    let name = unique("repeat");
+    let (a, b) = (client(d).await, client(d).await);
+    for round in 0..3 {
+        for _ in 0..2 {
+            let lease = a.try_acquire(&name, &opts(d)).await.expect("a acquires");
+            assert!(lease.release().await.expect("release"));
+        }
+        let held = b.try_acquire(&name, &opts(d)).await.expect("b acquires");
+        match a.try_acquire(&name, &opts(d)).await {
+            Err(LockError::Busy { .. }) => {}
+            other => panic!("round {round}: `a` must find the lock busy, got {other:?}"),
+        }
+        let b_token = held.fencing_token();
+        assert!(held.release().await.expect("release"));
+        let lease = a.try_acquire(&name, &opts(d)).await.expect("a acquires");
+        if d.capabilities().fencing.is_monotonic() {
+            assert!(
+                lease.fencing_token() > b_token,
+                "round {round}: token {:?} after {b_token:?}",
+                lease.fencing_token()
+            );
+        }
+        assert!(lease.release().await.expect("release"));
+    }
+}
+
 /// An acquire that cannot get the lock fails with `Timeout` within deadline + margin and leaves
 /// nothing queued.
 pub async fn acquire_times_out_and_leaves_nothing(d: &dyn Deployment) {
