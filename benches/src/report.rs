@@ -83,15 +83,16 @@ impl Report {
              (Redis: `SET NX PX` + compare-and-delete script; Redlock: the same on every master \
              at once; etcd: txn put-if-absent with a reused lease + delete; ZooKeeper: create \
              ephemeral-sequential + delete), same run, same connection kind, alternating with \
-             ours in blocks of 50 pairs, each block started by the next contender in turn. rslock is the Rust peer (Redlock over the same masters). \
+             ours in blocks of 50 pairs, each block started by the next contender in turn. \
+             rslock is the Rust peer (Redlock over the same masters). \
              Same work = the very requests our backend sends for a pair, sent by hand on a raw \
              connection (Redis: our acquire script, with its fencing counter and queue check, and \
              our release script; Redlock: `SET NX PX` and our release script on every master; \
              etcd: our enqueue txn, put-if-absent of our reused key, then delete; ZooKeeper: create \
              with our node name and data, then delete; both as a repeat acquire on an idle cluster \
              sends them: the revision or zxid gap to our own released entry proves the queue \
-             empty, so no queue read rides with the enqueue): same work / raw is what the guarantees cost on the \
-             server, ours / same work is what the library adds on top.\n\n\
+             empty, so no queue read rides with the enqueue): same work / raw is what the \
+             guarantees cost on the server, ours / same work is what the library adds on top.\n\n\
              | backend | pairs/s | p50 | p99 | raw pairs/s | raw p50 | ours/raw throughput | ours/raw p50 | same work pairs/s | same work/raw | ours/same work |\n\
              |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
@@ -178,8 +179,7 @@ impl Report {
             "\n## Where the uncontended gap to raw is\n\n\
              ours/raw = (same work/raw) x (ours/same work): the first factor is the price of the \
              guarantees on the server (fencing counter and queue check in a script on Redis), the \
-             second \
-             what the library adds (lease, watchdog, lost signal, cancellation guards).\n\n\
+             second what the library adds (lease, watchdog, lost signal, cancellation guards).\n\n\
              | backend | ours/raw | same work/raw | ours/same work |\n|---|---:|---:|---:|\n",
         );
         for r in self.uncontended.iter().filter(|r| r.same_work.is_some()) {

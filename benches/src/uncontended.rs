@@ -110,31 +110,8 @@ impl Pair {
                 }))
                 .await;
             }
-            Pair::RawEtcd(client, lease) => {
-                use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-                let mut c = (**client).clone();
-                let txn = Txn::new()
-                    .when([Compare::create_revision(name, CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        name,
-                        "x",
-                        Some(PutOptions::new().with_lease(*lease)),
-                    )]);
-                c.txn(txn).await.expect("txn");
-                c.delete(name, None).await.expect("delete");
-            }
-            Pair::RawZk(client) => {
-                let mode = zookeeper_client::CreateMode::EphemeralSequential
-                    .with_acls(zookeeper_client::Acls::anyone_all());
-                let (_, seq) = client
-                    .create("/bench-raw/n-", &[], &mode)
-                    .await
-                    .expect("create");
-                client
-                    .delete(&format!("/bench-raw/n-{seq}"), None)
-                    .await
-                    .expect("delete");
-            }
+            Pair::RawEtcd(client, lease) => etcd_pair(client, *lease, name, "x").await,
+            Pair::RawZk(client) => zk_pair(client, "/bench-raw/n-", "").await,
             Pair::Same(work) => work.once(name, i).await,
             Pair::Rslock(manager) => {
                 let lock = manager
@@ -217,36 +194,43 @@ impl SameWork {
                 .await;
             }
             SameWork::Etcd(client, lease) => {
-                use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-                let mut c = (**client).clone();
-                let prefix = format!("bench-same/{name}/");
-                let key = format!("{prefix}{lease:016x}.{:016x}", 0);
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        key.as_str(),
-                        secret,
-                        Some(PutOptions::new().with_lease(*lease)),
-                    )])
-                    .or_else([TxnOp::get(key.as_str(), None)]);
-                c.txn(txn).await.expect("txn");
-                c.delete(key, None).await.expect("delete");
+                let key = format!("bench-same/{name}/{lease:016x}.{:016x}", 0);
+                etcd_pair(client, *lease, &key, &secret).await;
             }
             SameWork::Zk(client) => {
-                let mode = zookeeper_client::CreateMode::EphemeralSequential
-                    .with_acls(zookeeper_client::Acls::anyone_all());
-                let prefix = format!("/bench-raw/_c_{secret}-lock-");
-                let (_, seq) = client
-                    .create(&prefix, secret.as_bytes(), &mode)
-                    .await
-                    .expect("create");
-                client
-                    .delete(&format!("{prefix}{seq}"), None)
-                    .await
-                    .expect("delete");
+                zk_pair(client, &format!("/bench-raw/_c_{secret}-lock-"), &secret).await;
             }
         }
     }
+}
+
+/// etcd: txn put-if-absent of `key` = `value` with `lease`, then delete it.
+async fn etcd_pair(client: &etcd_client::Client, lease: i64, key: &str, value: &str) {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let mut c = client.clone();
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    c.txn(txn).await.expect("txn");
+    c.delete(key, None).await.expect("delete");
+}
+
+/// ZooKeeper: create an ephemeral-sequential node at `prefix` holding `data`, then delete it.
+async fn zk_pair(client: &zookeeper_client::Client, prefix: &str, data: &str) {
+    let mode = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    let (_, seq) = client
+        .create(prefix, data.as_bytes(), &mode)
+        .await
+        .expect("create");
+    client
+        .delete(&format!("{prefix}{seq}"), None)
+        .await
+        .expect("delete");
 }
 
 /// `SET key value NX PX 10000` on every connection at once.

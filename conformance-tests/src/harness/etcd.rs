@@ -164,14 +164,11 @@ fn healthy(port: u16) -> bool {
 /// them now, in one read (`None` when it does not answer): counts requests from the server's
 /// side.
 pub fn metric_sum(port: u16, series: &[(&str, &str)]) -> Option<f64> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&local(port), Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .ok()?;
-    // The whole page: it is larger than `ask` reads.
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
+    let text = ask(
+        local(port),
+        b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
+        Duration::from_secs(5),
+    )?;
     Some(
         text.lines()
             .filter(|l| {

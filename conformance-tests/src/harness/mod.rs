@@ -173,7 +173,8 @@ impl Drop for TempDir {
     }
 }
 
-/// Sends `request` to `addr` and returns what the server answered before closing or timing out.
+/// Sends `request` to `addr` and returns what the server answered before closing or timing out
+/// (at most about 1 MiB: etcd's metrics page is a few hundred KiB).
 pub(crate) fn ask(addr: SocketAddr, request: &[u8], timeout: Duration) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
@@ -186,7 +187,7 @@ pub(crate) fn ask(addr: SocketAddr, request: &[u8], timeout: Duration) -> Option
             Ok(0) => break,
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
-                if buf.len() > 64 * 1024 {
+                if buf.len() > 1024 * 1024 {
                     break;
                 }
             }
