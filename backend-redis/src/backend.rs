@@ -53,6 +53,9 @@ pub struct RedisBackend {
     notifier: Arc<Notifier>,
     options: RedisOptions,
     server: String,
+    /// Set on Redlock nodes, whose waiters do not queue but listen on the name's channel: their
+    /// releases publish there and read no queue (see [`scripts::RELEASE`]).
+    announces_releases: bool,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -117,6 +120,7 @@ impl RedisBackend {
             notifier,
             options,
             server,
+            announces_releases: false,
         })
     }
 
@@ -151,6 +155,7 @@ impl RedisBackend {
             notifier,
             options,
             server,
+            announces_releases: false,
         })
     }
 
@@ -211,7 +216,15 @@ impl RedisBackend {
             notifier,
             options,
             server,
+            announces_releases: false,
         })
+    }
+
+    /// This client as a Redlock node: its releases publish on the name's channel, where Redlock
+    /// waiters listen, instead of handing over to a queue (Redlock waiters do not queue).
+    pub(crate) fn announcing_releases(mut self) -> Self {
+        self.announces_releases = true;
+        self
     }
 
     /// Joins the release notifications of `keys`' lock (shared per client).
@@ -344,7 +357,11 @@ impl RedisBackend {
                     .key(&keys.queue)
                     .key(&keys.alive)
                     .arg(secret.expose_hex())
-                    .arg(&keys.channel)
+                    .arg(if self.announces_releases {
+                        keys.channel.as_str()
+                    } else {
+                        ""
+                    })
                     .arg(&keys.turn)
                     .invoke_async(&mut conn),
             )

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held |
 //! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
-//! | `{p:B}:released:<encoded n>` | pub/sub channel | a message on a release nobody queued for (Redlock waiters) |
+//! | `{p:B}:released:<encoded n>` | pub/sub channel | on Redlock nodes, a message at every release (Redlock waiters listen there; they do not queue) |
 //! | `{p:B}:turn:<owner secret hex>` | pub/sub channel | "your turn", to the one queued waiter a release (or a departure) hands the lock to |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
@@ -76,18 +76,25 @@ pub fn slot(key: &str) -> u16 {
     crc % 16_384
 }
 
-/// The keys of `name` under `prefix`.
+/// The keys of `name` under `prefix`. Built with `push_str` rather than `format!`: this runs
+/// twice per acquire + release pair, and formatting six keys measured ~2 % of the client's CPU.
 pub fn lock_keys(prefix: &str, name: &LockName) -> LockKeys {
     let encoded = name.encoded();
-    let bucket = fnv1a64(encoded.as_bytes()) % BUCKETS;
-    let tag = format!("{{{prefix}:{bucket}}}");
+    let bucket = (fnv1a64(encoded.as_bytes()) % BUCKETS).to_string();
+    let key = |parts: &[&str]| {
+        let mut k = String::with_capacity(prefix.len() + 32 + encoded.len());
+        for part in ["{", prefix, ":", &bucket, "}:"].iter().chain(parts) {
+            k.push_str(part);
+        }
+        k
+    };
     LockKeys {
-        lock: format!("{tag}:lock:{encoded}"),
-        fence: format!("{tag}:fence"),
-        channel: format!("{tag}:released:{encoded}"),
-        queue: format!("{tag}:queue:{encoded}"),
-        alive: format!("{tag}:alive:{encoded}"),
-        turn: format!("{tag}:turn:"),
+        lock: key(&["lock:", encoded]),
+        fence: key(&["fence"]),
+        channel: key(&["released:", encoded]),
+        queue: key(&["queue:", encoded]),
+        alive: key(&["alive:", encoded]),
+        turn: key(&["turn:"]),
     }
 }
 

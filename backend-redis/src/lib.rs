@@ -2,10 +2,12 @@
 //!
 //! # What it does
 //! * **Acquire** is one script call ([`scripts`]): `SET NX PX` of `<random 128-bit secret>:<token>`
-//!   and, in the same step, `INCR` of the name's bucket fencing counter. A retry that finds our
+//!   and, in the same step, `INCR` of the name's bucket fencing counter (and a check that nobody
+//!   queued: three commands on the server when the lock is free). A retry that finds our
 //!   own secret reports held (a lost reply is recovered). An acquire whose caller was cancelled
 //!   while the call was in flight releases what it got.
-//! * **Release** is compare-and-delete plus `PUBLISH` in one script; **renew** is
+//! * **Release** is compare-and-delete plus a `PUBLISH` to the waiter whose turn it is (none
+//!   when nobody waits) in one script; **renew** is
 //!   compare-and-`PEXPIRE`: renew never re-creates a missing key, release never deletes the next
 //!   holder's key.
 //! * **Watchdog renewals are batched**: the generic watchdog hands every lease due in a tick to

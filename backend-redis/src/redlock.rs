@@ -118,7 +118,11 @@ impl RedlockBackend {
         };
         let mut nodes = Vec::with_capacity(urls.len());
         for url in urls {
-            nodes.push(RedisBackend::connect(url, node_options.clone()).await?);
+            nodes.push(
+                RedisBackend::connect(url, node_options.clone())
+                    .await?
+                    .announcing_releases(),
+            );
         }
         Ok(RedlockBackend {
             nodes: Arc::new(nodes),

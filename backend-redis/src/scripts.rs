@@ -38,25 +38,37 @@ end
 
 /// KEYS: lock, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms, turn
 /// channel prefix.
+/// * Nobody queued and the lock free (the common case): INCR the bucket counter, `SET NX PX`,
+///   return `{1, token}`. Three commands and no read, because on this path every extra command
+///   measurably costs throughput (each `redis.call` is ~1-3 us of server time against a ~100 us
+///   pair). The counter steps even when the `SET` finds the lock taken: tokens only have to
+///   increase, not to be consecutive.
 /// * Ours already (a retry after a lost reply): refresh the TTL, return `{1, token}`.
 /// * Held by another: a waiter joins the queue (arrival order, first join only) and refreshes
 ///   its liveness; return `{0, pttl}` (the next re-check bound).
 /// * Free, but a live waiter other than us heads the queue: it is promised to that waiter; a
 ///   waiter joins the queue; return `{0, -3}`. If dead waiters were just dropped, the new head
 ///   is told on its turn channel.
-/// * Free and nobody else queued: INCR the bucket counter, SET the lock with PX, leave the
-///   queue, return `{1, token}`.
+/// * Free and we head the queue (or every waiter in it was dead): as the first case, and leave
+///   the queue.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{PURGE}
+        r#"
 local lock, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, ttl, waiting, wttl = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
+local queued = redis.call('EXISTS', queue) == 1
+if not queued then
+  local token = redis.call('INCR', fence)
+  if redis.call('SET', lock, me .. ':' .. token, 'NX', 'PX', ttl) then
+    return {{1, token}}
+  end
+end
+{PURGE}
 local cur = redis.call('GET', lock)
 if cur and string.sub(cur, 1, 33) == me .. ':' then
   redis.call('PEXPIRE', lock, ttl)
   return {{1, tonumber(string.sub(cur, 34))}}
 end
-local queued = redis.call('EXISTS', queue) == 1
 local now, arrival, purged, head = 0, 0, 0, nil
 if queued or waiting then
   now, arrival = clock()
@@ -136,30 +148,37 @@ return out
     )
 });
 
-/// KEYS: lock, queue, alive. ARGV: secret, channel, turn channel prefix. DEL only if ours, then
-/// PUBLISH "your turn" on the own channel of the waiter that heads the queue (dead waiters
-/// dropped first), or on the name's channel when nobody queued (Redlock waiters, which do not
-/// queue). One message to one waiter: a release wakes one connection, not every waiter's.
+/// KEYS: lock, queue, alive. ARGV: secret, channel (or empty), turn channel prefix. DEL only if
+/// ours, then wake whoever waits:
+/// * On a Redlock node (a channel is given): PUBLISH on the name's channel, where Redlock
+///   waiters listen; they do not queue, so there is no queue to read.
+/// * Otherwise: PUBLISH "your turn" on the own channel of the waiter that heads the queue (dead
+///   waiters dropped first), if any. A single server's waiters always queue, so a release nobody
+///   waits for publishes nothing. One message to one waiter: a release wakes one connection,
+///   not every waiter's.
+///
 /// Returns 1 if released, 0 if it was not ours (never deletes another owner's lock).
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{PURGE}
+        r#"
 local cur = redis.call('GET', KEYS[1])
-if cur and string.sub(cur, 1, 33) == ARGV[1] .. ':' then
-  redis.call('DEL', KEYS[1])
-  local head = nil
-  if redis.call('EXISTS', KEYS[2]) == 1 then
-    purge(KEYS[2], KEYS[3], now_ms())
-    head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  end
-  if head then
-    redis.call('PUBLISH', ARGV[3] .. head, '1')
-  else
-    redis.call('PUBLISH', ARGV[2], '1')
-  end
+if not cur or string.sub(cur, 1, 33) ~= ARGV[1] .. ':' then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+if ARGV[2] ~= '' then
+  redis.call('PUBLISH', ARGV[2], '1')
   return 1
 end
-return 0
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  {PURGE}
+  purge(KEYS[2], KEYS[3], now_ms())
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if head then
+    redis.call('PUBLISH', ARGV[3] .. head, '1')
+  end
+end
+return 1
 "#
     ))
 });

@@ -181,7 +181,7 @@ impl SameWork {
                     .invoke_async(&mut c)
                     .await
                     .expect("acquire script");
-                release_script(&mut c, &keys, &secret).await;
+                release_script(&mut c, &keys, &secret, "").await;
             }
             SameWork::Redis(conns) => {
                 let keys = same_keys(name);
@@ -189,7 +189,7 @@ impl SameWork {
                 join_all(conns.iter().map(|c| {
                     let mut c = c.clone();
                     let (keys, secret) = (&keys, &secret);
-                    async move { release_script(&mut c, keys, secret).await }
+                    async move { release_script(&mut c, keys, secret, &keys.channel).await }
                 }))
                 .await;
             }
@@ -295,17 +295,20 @@ fn same_keys(name: &str) -> distlock_redis::keys::LockKeys {
     )
 }
 
+/// Our release script; `channel` is the name's channel on Redlock nodes, empty on one server
+/// (as our backend sends it).
 async fn release_script(
     c: &mut redis::aio::MultiplexedConnection,
     keys: &distlock_redis::keys::LockKeys,
     secret: &str,
+    channel: &str,
 ) {
     let _: i64 = distlock_redis::scripts::RELEASE
         .key(&keys.lock)
         .key(&keys.queue)
         .key(&keys.alive)
         .arg(secret)
-        .arg(&keys.channel)
+        .arg(channel)
         .arg(&keys.turn)
         .invoke_async(c)
         .await

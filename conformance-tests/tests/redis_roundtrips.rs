@@ -1,30 +1,54 @@
 //! Round trips of the Redis backend, counted by the server (`INFO commandstats`): an uncontended
-//! acquire is one script call, a release is one, a watchdog tick for 100 leases is one.
+//! acquire is one script call, a release is one, a watchdog tick for 100 leases is one; and the
+//! commands those scripts run on the uncontended path are the few the guarantees need (on one
+//! server and on each Redlock node).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient};
-use distlock_conformance::harness::RedisServer;
-use distlock_redis::{RedisBackend, RedisOptions};
+use distlock_conformance::harness::{RedisMasters, RedisServer};
+use distlock_redis::{RedisBackend, RedisOptions, RedlockBackend, RedlockOptions};
 
-async fn script_calls(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
+/// Calls per command so far, scripts' inner commands included (`INFO` itself left out).
+async fn command_calls(admin: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(admin)
         .await
         .expect("INFO");
-    // Lines look like `cmdstat_evalsha:calls=3,usec=...`; EVAL counts too (script not cached).
+    // Lines look like `cmdstat_evalsha:calls=3,usec=...`.
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
         .filter_map(|l| {
-            l.split("calls=")
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .split("calls=")
                 .nth(1)?
                 .split(',')
                 .next()?
-                .parse::<u64>()
-                .ok()
+                .parse()
+                .ok()?;
+            (name != "info").then(|| (name.to_string(), calls))
         })
+        .collect()
+}
+
+/// What ran between two [`command_calls`] readings.
+fn ran(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// Script calls so far (EVAL counts too: a script not cached yet).
+async fn script_calls(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let calls = command_calls(admin).await;
+    ["evalsha", "eval"]
+        .iter()
+        .filter_map(|c| calls.get(*c))
         .sum()
 }
 
@@ -46,7 +70,7 @@ async fn setup() -> (RedisServer, redis::aio::MultiplexedConnection, LockClient)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_and_release_are_one_script_call_each() {
+async fn an_uncontended_pair_is_one_script_call_each_running_only_what_it_needs() {
     let (_server, mut admin, locks) = setup().await;
     // A fixed lease: no watchdog renewal may run between the counts.
     let opts = AcquireOptions::with_ttl(Duration::from_secs(30)).fixed();
@@ -58,23 +82,73 @@ async fn acquire_and_release_are_one_script_call_each() {
         .release()
         .await
         .expect("release");
-    let before = script_calls(&mut admin).await;
+    let before = command_calls(&mut admin).await;
     let lease = locks.try_acquire("count", &opts).await.expect("acquire");
-    let after_acquire = script_calls(&mut admin).await;
+    let after_acquire = command_calls(&mut admin).await;
     assert!(lease.release().await.expect("release"));
-    let after_release = script_calls(&mut admin).await;
+    let after_release = command_calls(&mut admin).await;
+    let expect = |cmds: &[&str]| -> BTreeMap<String, u64> {
+        cmds.iter().map(|c| (c.to_string(), 1)).collect()
+    };
+    // One script call each. Inside, acquire checks for a queue, steps the fencing counter and
+    // sets the lock (no read); release reads, deletes and checks for a queue to hand over to,
+    // and publishes nothing when there is none (a single server's waiters always queue).
     assert_eq!(
-        after_acquire - before,
-        1,
-        "acquire took {} script calls",
-        after_acquire - before
+        ran(&before, &after_acquire),
+        expect(&["evalsha", "exists", "incr", "set"]),
+        "an uncontended acquire"
     );
     assert_eq!(
-        after_release - after_acquire,
-        1,
-        "release took {} script calls",
-        after_release - after_acquire
+        ran(&after_acquire, &after_release),
+        expect(&["del", "evalsha", "exists", "get"]),
+        "a release nobody waits for"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_pair_is_a_plain_set_and_a_release_that_publishes_on_every_node() {
+    let masters = tokio::task::spawn_blocking(|| RedisMasters::start(3).expect("masters"))
+        .await
+        .expect("start");
+    let mut admins = Vec::new();
+    for node in &masters.nodes {
+        admins.push(
+            redis::Client::open(node.url())
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("admin"),
+        );
+    }
+    let urls: Vec<String> = masters.nodes.iter().map(RedisServer::url).collect();
+    let backend = RedlockBackend::connect(&urls, RedlockOptions::default())
+        .await
+        .expect("connect");
+    let locks = LockClient::new(Arc::new(backend));
+    let opts = AcquireOptions::with_ttl(Duration::from_secs(30)).fixed();
+    locks
+        .try_acquire("warm", &opts)
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    let mut before = Vec::new();
+    for admin in &mut admins {
+        before.push(command_calls(admin).await);
+    }
+    let lease = locks.try_acquire("count", &opts).await.expect("acquire");
+    assert!(lease.release().await.expect("release"));
+    // Redlock nodes grant with the raw minimum and hold no queue: the release wakes Redlock
+    // waiters on the name's channel and reads nothing else.
+    let want: BTreeMap<String, u64> = ["del", "evalsha", "get", "publish", "set"]
+        .iter()
+        .map(|c| (c.to_string(), 1))
+        .collect();
+    for (admin, before) in admins.iter_mut().zip(&before) {
+        let after = command_calls(admin).await;
+        assert_eq!(ran(before, &after), want, "a redlock pair on one node");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
