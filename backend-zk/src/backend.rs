@@ -10,7 +10,7 @@ use distlock_api::{
     LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, Result, Wakeup,
 };
 use tokio::time::{Instant, timeout};
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState, Stat};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState, Stat};
 
 use crate::config::{NodeAcl, ZkOptions};
 use crate::paths::{LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, sequence};
@@ -374,9 +374,11 @@ impl ZkBackend {
         })
     }
 
-    /// Waits until our node is the lowest, watching only the next lower node and re-listing
-    /// after every event (the first time, `listed` may already hold the queue). Before success,
-    /// checks our node and our epoch are still alive.
+    /// Waits until our node is the lowest, watching only the next lower node (the first time,
+    /// `listed` may already hold the queue). When that node headed our last listing and is
+    /// deleted, we are next without listing again (see below); any other event re-lists.
+    /// Before success, checks our epoch is still alive (while it is, our ephemeral node is
+    /// there).
     async fn wait_turn(
         &self,
         epoch: &Epoch,
@@ -420,7 +422,18 @@ impl ZkBackend {
                 continue;
             }
             tokio::select! {
-                _ = watcher.changed() => {}
+                event = watcher.changed() => {
+                    // Our listing was read after our create and sequence numbers only grow, so
+                    // nobody can have joined ahead of us since. If our predecessor headed that
+                    // listing and is now deleted, we head the queue: granted without listing
+                    // again (a hand-over to the next in line costs only the release's delete;
+                    // Curator's recipe re-lists). Deeper in the queue the nodes ahead in our
+                    // listing are likely gone by now, so a fresh listing is cheaper than
+                    // checking them one by one.
+                    if pos == 1 && event.event_type == EventType::NodeDeleted {
+                        listed = Some(queue[1..].to_vec());
+                    }
+                }
                 _ = lost.wait() => {
                     return Err(LockError::backend(self.label(), true, "the session epoch ended while waiting"));
                 }

@@ -3,8 +3,10 @@
 //! # How a lock works here
 //! * **Acquire** creates an ephemeral sequential node `<root>/<name>/_c_<attempt>-lock-<seq>`
 //!   (layout in [`paths`]) holding the owner secret; the lowest sequence holds. A waiter watches
-//!   only the next lower node and re-lists after every event; before success it checks its node
-//!   and its session epoch are still alive. After a connection loss during create it finds its
+//!   only the next lower node; when that node headed its last listing and is deleted, it is
+//!   next without listing again (sequence numbers only grow: nobody can have joined ahead),
+//!   after any other event it re-lists; before success it checks its session epoch is still
+//!   alive. After a connection loss during create it finds its
 //!   node by the protected `_c_<attempt>` prefix *and* our session id (CURATOR-498) before
 //!   creating another. A repeat acquire on an otherwise idle ensemble is granted on its create
 //!   alone: when the zxid gap to our own released node in that directory is exactly 2, nothing

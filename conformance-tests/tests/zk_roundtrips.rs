@@ -1,12 +1,15 @@
 //! Requests of the ZooKeeper backend, counted by the server (`mntr` packets): a repeat acquire on
-//! an idle ensemble is granted on its create alone (the zxid gap proves the queue empty). That it
-//! never passes a holder in between is the scenario `repeat_acquire_waits_for_a_holder_in_between`.
+//! an idle ensemble is granted on its create alone (the zxid gap proves the queue empty); a
+//! hand-over to the next waiter in line costs the release's delete and nothing more. That the
+//! repeat grant never passes a holder in between is the scenario
+//! `repeat_acquire_waits_for_a_holder_in_between`; that waiters keep their order when some give
+//! up is the `waiting` scenarios'.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient};
-use distlock_conformance::harness::{ZkEnsemble, packets_received};
+use distlock_conformance::harness::{ZkEnsemble, packets_received, watch_count};
 use distlock_zk::{ZkBackend, ZkOptions};
 
 async fn ensemble() -> ZkEnsemble {
@@ -52,8 +55,8 @@ async fn a_repeat_acquire_on_an_idle_ensemble_is_its_create_alone() {
         assert!(lease.release().await.expect("release"));
     }
     let sent = packets(zk.client_ports[0]).await - before;
-    // A create and a delete per pair; one spare for a ping of the session (the mntr
-    // connection itself is not a packet of a session).
+    // A create and a delete per pair, and one for the closing `mntr` reading (the server
+    // counts it as a packet too).
     assert!(
         sent <= 2 * PAIRS + 1,
         "{PAIRS} pairs took {sent} requests; a repeat acquire should be its create alone"
@@ -61,5 +64,54 @@ async fn a_repeat_acquire_on_an_idle_ensemble_is_its_create_alone() {
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens must still increase: {tokens:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_to_the_next_in_line_is_the_release_alone() {
+    let zk = ensemble().await;
+    let port = zk.client_ports[0];
+    let clients = [client(&zk).await, client(&zk).await];
+    let watches = || async move {
+        tokio::task::spawn_blocking(move || watch_count(port))
+            .await
+            .expect("mntr")
+            .expect("a watch count")
+    };
+    let mut holder = clients[0]
+        .try_acquire("handover", &opts())
+        .await
+        .expect("acquire");
+    const ROUNDS: u64 = 10;
+    let mut sent = 0;
+    for round in 0..ROUNDS {
+        let settled = watches().await;
+        let waiter = clients[(round as usize + 1) % 2].clone();
+        let waiting = tokio::spawn(async move {
+            waiter
+                .acquire("handover", &opts(), Duration::from_secs(10))
+                .await
+        });
+        // The waiter is settled once its watch on the holder's node is in.
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while watches().await <= settled {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the waiter never watched"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let before = packets(port).await;
+        let token = holder.fencing_token().expect("a fencing token");
+        assert!(holder.release().await.expect("release"));
+        holder = waiting.await.expect("join").expect("the waiter's grant");
+        sent += packets(port).await - before;
+        assert!(holder.fencing_token().expect("a fencing token") > token);
+    }
+    // Per hand-over the release's delete and the closing `mntr` reading (the server counts it
+    // as a packet too); one spare for a ping of a session. A listing would be a third.
+    assert!(
+        sent <= 2 * ROUNDS + 1,
+        "{ROUNDS} hand-overs took {sent} requests; the next in line should need no listing"
     );
 }

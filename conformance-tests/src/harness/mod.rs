@@ -29,7 +29,7 @@ pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer};
 pub use tls::TlsFiles;
-pub use zookeeper::{ZkEnsemble, packets_received};
+pub use zookeeper::{ZkEnsemble, packets_received, watch_count};
 
 /// Why a server could not be started.
 #[derive(Debug, thiserror::Error)]

@@ -133,9 +133,20 @@ impl ZkEnsemble {
 /// How many packets the node on `port` has received (`mntr`; client pings included): counts
 /// the requests a client sends, from the server's side.
 pub fn packets_received(port: u16) -> Option<u64> {
+    mntr(port, "zk_packets_received")
+}
+
+/// How many watches the node on `port` holds for its clients (`mntr`): tells when a waiter
+/// has settled on its predecessor.
+pub fn watch_count(port: u16) -> Option<u64> {
+    mntr(port, "zk_watch_count")
+}
+
+/// One integer of the node's `mntr` output.
+fn mntr(port: u16, key: &str) -> Option<u64> {
     let r = ask(local(port), b"mntr", Duration::from_secs(2))?;
     r.lines()
-        .find_map(|l| l.strip_prefix("zk_packets_received")?.trim().parse().ok())
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
 }
 
 /// The node's mode (`standalone`, `leader`, `follower`) from the `srvr` command.
