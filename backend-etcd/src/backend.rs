@@ -1,5 +1,6 @@
 //! [`EtcdBackend`]: the lock contract over an etcd cluster.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -479,11 +480,9 @@ impl EtcdBackend {
             key: Some(key.clone()),
             unsure: false,
         };
-        // The put runs in a task of its own that hands the armed key over once its answer is
-        // in: a caller that gives up meanwhile must not send the cleanup delete ahead of a put
-        // still in flight, which then landed after it and left a key queued for good (seen
-        // under load). Nobody left to take the key: dropping it there cleans up.
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The put is polled right here (a task of its own cost ~30 us of thread hops per
+        // acquire on 2 cores); if the caller gives up while it is in flight, `InFlight` moves it
+        // into a task that finishes it before the armed key is dropped and deleted (see there).
         let (this, k, hex, lease) = (
             self.clone(),
             key.clone(),
@@ -491,14 +490,15 @@ impl EtcdBackend {
             session.lease,
         );
         let prior = self.inner.repeat.take(&prefix);
-        tokio::spawn(async move {
+        let put = InFlight::new(async move {
             let enqueued = this.enqueue(&queued.prefix, &k, lease, &hex, prior).await;
             queued.unsure = enqueued.is_err();
-            let _ = tx.send((queued, enqueued));
+            (queued, enqueued)
         });
-        let (mut queued, enqueued) = rx
+        let (mut queued, enqueued) = put
+            .finish()
             .await
-            .map_err(|_| self.err_text("the enqueue task ended without an answer"))?;
+            .ok_or_else(|| self.err_text("the enqueue ended without an answer"))?;
         let (my_rev, ahead) = enqueued?;
         if !ahead.keys.is_empty() {
             let Some(deadline) = deadline else {
@@ -592,6 +592,34 @@ impl QueuedKey {
             key,
             "distlock etcd: could not delete a queue key; the session TTL will"
         );
+    }
+}
+
+/// A write that must reach its answer even if its caller gives up: polled inline by the
+/// caller, moved into a task of its own when dropped unfinished. Used for the enqueue put, whose
+/// output carries the armed key: a cleanup delete sent while the put is still in flight could
+/// land first and let the put leave a key queued for good (seen under load); finished in a
+/// task, the put answers first and only then is the key dropped, which deletes it.
+struct InFlight<T: Send + 'static>(Option<Pin<Box<dyn Future<Output = T> + Send>>>);
+
+impl<T: Send + 'static> InFlight<T> {
+    fn new(write: impl Future<Output = T> + Send + 'static) -> Self {
+        InFlight(Some(Box::pin(write)))
+    }
+
+    /// The write's answer (`None` only if it was already taken, which `finish` never does).
+    async fn finish(mut self) -> Option<T> {
+        let answer = self.0.as_mut()?.as_mut().await;
+        self.0 = None;
+        Some(answer)
+    }
+}
+
+impl<T: Send + 'static> Drop for InFlight<T> {
+    fn drop(&mut self) {
+        if let (Some(write), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(write);
+        }
     }
 }
 
@@ -766,5 +794,36 @@ impl LockBackend for EtcdBackend {
             self.inner.repeat.released(path);
         }
         Ok(deleted.deleted() > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_write_given_up_in_flight_still_reaches_its_answer() {
+        let answered = Arc::new(AtomicBool::new(false));
+        let flag = answered.clone();
+        let write = InFlight::new(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            flag.store(true, Ordering::SeqCst);
+        });
+        // The caller gives up while the write is in flight...
+        assert!(
+            timeout(Duration::from_millis(10), write.finish())
+                .await
+                .is_err()
+        );
+        // ...and the write goes on in a task of its own (its deadline is the earlier timer).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(answered.load(Ordering::SeqCst), "the write was dropped");
+    }
+
+    #[tokio::test]
+    async fn a_write_waited_for_answers_inline() {
+        assert_eq!(InFlight::new(async { 7 }).finish().await, Some(7));
     }
 }
