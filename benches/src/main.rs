@@ -141,11 +141,7 @@ async fn main() {
     let etcd = start(|| EtcdCluster::start(1).expect("etcd")).await;
     let zk = start(|| ZkEnsemble::start(1).expect("zookeeper")).await;
     let master_urls: Vec<String> = masters.nodes.iter().map(RedisServer::url).collect();
-    let admin = redis::Client::open(redis.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin");
+    let admin = redis.admin().await.expect("admin");
 
     let mut targets = vec![
         Target {

@@ -27,14 +27,6 @@ async fn client(url: &str, min_replicas: u32) -> LockClient {
     ))
 }
 
-async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin")
-}
-
 async fn get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
     redis::cmd("GET")
         .arg(key)
@@ -79,7 +71,7 @@ async fn wait_for_a_replica_fails_the_acquire_when_replication_is_blocked() {
     assert!(err.to_string().contains("0 of 1 replicas"), "{err}");
     // The unacknowledged grant was released, so nobody is locked out by it.
     let key = lock_keys("distlock", &LockName::new("pay").expect("name")).lock;
-    let mut master = admin(&servers.master.url()).await;
+    let mut master = servers.master.admin().await.expect("admin");
     let start = tokio::time::Instant::now();
     while get(&mut master, &key).await.is_some() {
         assert!(
@@ -101,7 +93,7 @@ async fn without_wait_a_failover_gives_two_holders_and_a_token_going_backwards()
         assert!(l.release().await.expect("release"));
     }
     let fence = lock_keys("distlock", &LockName::new("stock").expect("name")).fence;
-    let mut replica = admin(&servers.replica.url()).await;
+    let mut replica = servers.replica.admin().await.expect("admin");
     let start = tokio::time::Instant::now();
     while get(&mut replica, &fence).await.as_deref() != Some("3") {
         assert!(

@@ -57,11 +57,7 @@ async fn setup() -> (RedisServer, redis::aio::MultiplexedConnection, LockClient)
     let server = tokio::task::spawn_blocking(|| RedisServer::start().expect("redis"))
         .await
         .expect("start");
-    let admin = redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin");
+    let admin = server.admin().await.expect("admin");
     let backend = RedisBackend::connect(&server.url(), RedisOptions::default())
         .await
         .expect("connect");
@@ -69,12 +65,10 @@ async fn setup() -> (RedisServer, redis::aio::MultiplexedConnection, LockClient)
     (server, admin, locks)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uncontended_pair_is_one_script_call_each_running_only_what_it_needs() {
-    let (_server, mut admin, locks) = setup().await;
-    // A fixed lease: no watchdog renewal may run between the counts.
+/// Fixed-lease options (no watchdog renewal may run between the counts), after one warm-up
+/// pair with them: the first call of each script also loads it (NOSCRIPT, SCRIPT LOAD).
+async fn warmed_up(locks: &LockClient) -> AcquireOptions {
     let opts = AcquireOptions::with_ttl(Duration::from_secs(30)).fixed();
-    // Warm up: the first call of each script also loads it (NOSCRIPT, SCRIPT LOAD).
     locks
         .try_acquire("warm", &opts)
         .await
@@ -82,25 +76,34 @@ async fn an_uncontended_pair_is_one_script_call_each_running_only_what_it_needs(
         .release()
         .await
         .expect("release");
+    opts
+}
+
+/// Each of `cmds` once, as [`ran`] reports it.
+fn once_each(cmds: &[&str]) -> BTreeMap<String, u64> {
+    cmds.iter().map(|c| (c.to_string(), 1)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_pair_is_one_script_call_each_running_only_what_it_needs() {
+    let (_server, mut admin, locks) = setup().await;
+    let opts = warmed_up(&locks).await;
     let before = command_calls(&mut admin).await;
     let lease = locks.try_acquire("count", &opts).await.expect("acquire");
     let after_acquire = command_calls(&mut admin).await;
     assert!(lease.release().await.expect("release"));
     let after_release = command_calls(&mut admin).await;
-    let expect = |cmds: &[&str]| -> BTreeMap<String, u64> {
-        cmds.iter().map(|c| (c.to_string(), 1)).collect()
-    };
     // One script call each. Inside, acquire checks for a queue, steps the fencing counter and
     // sets the lock (no read); release reads, deletes and checks for a queue to hand over to,
     // and publishes nothing when there is none (a single server's waiters always queue).
     assert_eq!(
         ran(&before, &after_acquire),
-        expect(&["evalsha", "exists", "incr", "set"]),
+        once_each(&["evalsha", "exists", "incr", "set"]),
         "an uncontended acquire"
     );
     assert_eq!(
         ran(&after_acquire, &after_release),
-        expect(&["del", "evalsha", "exists", "get"]),
+        once_each(&["del", "evalsha", "exists", "get"]),
         "a release nobody waits for"
     );
 }
@@ -112,27 +115,14 @@ async fn a_redlock_pair_is_a_plain_set_and_a_release_that_publishes_on_every_nod
         .expect("start");
     let mut admins = Vec::new();
     for node in &masters.nodes {
-        admins.push(
-            redis::Client::open(node.url())
-                .expect("url")
-                .get_multiplexed_async_connection()
-                .await
-                .expect("admin"),
-        );
+        admins.push(node.admin().await.expect("admin"));
     }
     let urls: Vec<String> = masters.nodes.iter().map(RedisServer::url).collect();
     let backend = RedlockBackend::connect(&urls, RedlockOptions::default())
         .await
         .expect("connect");
     let locks = LockClient::new(Arc::new(backend));
-    let opts = AcquireOptions::with_ttl(Duration::from_secs(30)).fixed();
-    locks
-        .try_acquire("warm", &opts)
-        .await
-        .expect("acquire")
-        .release()
-        .await
-        .expect("release");
+    let opts = warmed_up(&locks).await;
     let mut before = Vec::new();
     for admin in &mut admins {
         before.push(command_calls(admin).await);
@@ -141,10 +131,7 @@ async fn a_redlock_pair_is_a_plain_set_and_a_release_that_publishes_on_every_nod
     assert!(lease.release().await.expect("release"));
     // Redlock nodes grant with the raw minimum and hold no queue: the release wakes Redlock
     // waiters on the name's channel and reads nothing else.
-    let want: BTreeMap<String, u64> = ["del", "evalsha", "get", "publish", "set"]
-        .iter()
-        .map(|c| (c.to_string(), 1))
-        .collect();
+    let want = once_each(&["del", "evalsha", "get", "publish", "set"]);
     for (admin, before) in admins.iter_mut().zip(&before) {
         let after = command_calls(admin).await;
         assert_eq!(ran(before, &after), want, "a redlock pair on one node");

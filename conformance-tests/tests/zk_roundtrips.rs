@@ -25,11 +25,16 @@ async fn client(zk: &ZkEnsemble) -> LockClient {
     LockClient::new(Arc::new(backend))
 }
 
-async fn packets(port: u16) -> u64 {
-    tokio::task::spawn_blocking(move || packets_received(port))
+/// One `mntr` figure of the node on `port`, read off the runtime's threads.
+async fn mntr(port: u16, figure: fn(u16) -> Option<u64>) -> u64 {
+    tokio::task::spawn_blocking(move || figure(port))
         .await
         .expect("mntr")
-        .expect("a packet count")
+        .expect("the figure in mntr's answer")
+}
+
+async fn packets(port: u16) -> u64 {
+    mntr(port, packets_received).await
 }
 
 /// A fixed lease: no watchdog renewal runs between the counts.
@@ -72,12 +77,6 @@ async fn a_hand_over_to_the_next_in_line_is_the_release_alone() {
     let zk = ensemble().await;
     let port = zk.client_ports[0];
     let clients = [client(&zk).await, client(&zk).await];
-    let watches = || async move {
-        tokio::task::spawn_blocking(move || watch_count(port))
-            .await
-            .expect("mntr")
-            .expect("a watch count")
-    };
     let mut holder = clients[0]
         .try_acquire("handover", &opts())
         .await
@@ -85,7 +84,7 @@ async fn a_hand_over_to_the_next_in_line_is_the_release_alone() {
     const ROUNDS: u64 = 10;
     let mut sent = 0;
     for round in 0..ROUNDS {
-        let settled = watches().await;
+        let settled = mntr(port, watch_count).await;
         let waiter = clients[(round as usize + 1) % 2].clone();
         let waiting = tokio::spawn(async move {
             waiter
@@ -94,7 +93,7 @@ async fn a_hand_over_to_the_next_in_line_is_the_release_alone() {
         });
         // The waiter is settled once its watch on the holder's node is in.
         let until = tokio::time::Instant::now() + Duration::from_secs(10);
-        while watches().await <= settled {
+        while mntr(port, watch_count).await <= settled {
             assert!(
                 tokio::time::Instant::now() < until,
                 "the waiter never watched"

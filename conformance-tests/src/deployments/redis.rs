@@ -69,11 +69,7 @@ async fn deploy(shared: bool) -> Arc<RedisDeployment> {
         RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
     })
     .await;
-    let admin = redis::Client::open(server.url())
-        .expect("redis url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection");
+    let admin = server.admin().await.expect("admin connection");
     Arc::new(RedisDeployment {
         server,
         admin,

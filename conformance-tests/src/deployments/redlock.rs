@@ -44,12 +44,7 @@ pub async fn deploy(n: usize, shared: bool) -> Arc<RedlockDeployment> {
     .await;
     let mut admins = Vec::new();
     for node in &masters.nodes {
-        let conn = redis::Client::open(node.url())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("admin connection");
-        admins.push(conn);
+        admins.push(node.admin().await.expect("admin connection"));
     }
     Arc::new(RedlockDeployment {
         masters,

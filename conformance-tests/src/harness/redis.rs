@@ -113,6 +113,16 @@ impl RedisServer {
     pub fn process(&self) -> &ServerProcess {
         &self.process
     }
+
+    /// A plain connection of its own, for a test's reads and the server's counters.
+    ///
+    /// # Errors
+    /// The client's, when the server does not answer.
+    pub async fn admin(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
 }
 
 fn command(port: u16, line: &str) -> Option<String> {
