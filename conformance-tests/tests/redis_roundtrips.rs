@@ -108,8 +108,12 @@ async fn an_uncontended_pair_is_one_script_call_each_running_only_what_it_needs(
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redlock_pair_is_a_plain_set_and_a_release_that_publishes_on_every_node() {
+/// Three masters, an admin connection to each, and a Redlock client on them.
+async fn redlock_setup() -> (
+    RedisMasters,
+    Vec<redis::aio::MultiplexedConnection>,
+    Vec<String>,
+) {
     let masters = tokio::task::spawn_blocking(|| RedisMasters::start(3).expect("masters"))
         .await
         .expect("start");
@@ -118,10 +122,35 @@ async fn a_redlock_pair_is_a_plain_set_and_a_release_that_publishes_on_every_nod
         admins.push(node.admin().await.expect("admin"));
     }
     let urls: Vec<String> = masters.nodes.iter().map(RedisServer::url).collect();
-    let backend = RedlockBackend::connect(&urls, RedlockOptions::default())
+    (masters, admins, urls)
+}
+
+async fn redlock_client(urls: &[String]) -> LockClient {
+    let backend = RedlockBackend::connect(urls, RedlockOptions::default())
         .await
         .expect("connect");
-    let locks = LockClient::new(Arc::new(backend));
+    LockClient::new(Arc::new(backend))
+}
+
+/// Each node's count of `command` so far.
+async fn calls_of(admins: &mut [redis::aio::MultiplexedConnection], command: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    for admin in admins {
+        out.push(
+            command_calls(admin)
+                .await
+                .get(command)
+                .copied()
+                .unwrap_or(0),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_pair_is_a_plain_set_and_a_release_that_publishes_on_every_node() {
+    let (_masters, mut admins, urls) = redlock_setup().await;
+    let locks = redlock_client(&urls).await;
     let opts = warmed_up(&locks).await;
     let mut before = Vec::new();
     for admin in &mut admins {
@@ -135,6 +164,71 @@ async fn a_redlock_pair_is_a_plain_set_and_a_release_that_publishes_on_every_nod
     for (admin, before) in admins.iter_mut().zip(&before) {
         let after = command_calls(admin).await;
         assert_eq!(ran(before, &after), want, "a redlock pair on one node");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn woken_redlock_waiters_retry_on_one_node_and_only_its_winner_goes_on() {
+    const WAITERS: u64 = 6;
+    let (_masters, mut admins, urls) = redlock_setup().await;
+    let holder = redlock_client(&urls).await;
+    let opts = warmed_up(&holder).await;
+    let lease = holder
+        .try_acquire("contended", &opts)
+        .await
+        .expect("acquire");
+    let start = calls_of(&mut admins, "set").await;
+    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let (locks, opts, granted) = (redlock_client(&urls).await, opts.clone(), granted.clone());
+        waiters.push(tokio::spawn(async move {
+            let lease = locks
+                .acquire("contended", &opts, Duration::from_secs(20))
+                .await;
+            let _ = granted.send(lease.is_ok());
+            // Held until the test ends (the task is aborted then).
+            std::future::pending::<()>().await;
+            drop(lease);
+        }));
+    }
+    // Every waiter's first round reached every node (a plain SET each, refused).
+    let mut before = start.clone();
+    for _ in 0..500 {
+        before = calls_of(&mut admins, "set").await;
+        if before.iter().zip(&start).all(|(b, s)| b - s >= WAITERS) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        before.iter().zip(&start).all(|(b, s)| b - s >= WAITERS),
+        "the waiters' first rounds: {start:?} -> {before:?}"
+    );
+    assert!(lease.release().await.expect("release"));
+    let won = tokio::time::timeout(Duration::from_secs(5), grants.recv()).await;
+    assert!(
+        matches!(won, Ok(Some(true))),
+        "a waiter was granted: {won:?}"
+    );
+    // The losers' random pauses (50-250 ms) end meanwhile: each sends another round.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = calls_of(&mut admins, "set").await;
+    let mut sets: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    sets.sort_unstable();
+    // Every woken waiter asked the arbiter; only the one it granted asked the other nodes.
+    // Without the arbiter each retry is a SET on every node.
+    assert_eq!(
+        &sets[..2],
+        &[1, 1],
+        "SETs per node after the release: {sets:?}"
+    );
+    assert!(
+        sets[2] >= WAITERS,
+        "SETs per node after the release: {sets:?}"
+    );
+    for w in waiters {
+        w.abort();
     }
 }
 

@@ -47,6 +47,40 @@ async fn a_minority_down_still_grants() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_arbiter_is_down_still_takes_the_lock_at_its_release() {
+    let d = deploy(5, false).await;
+    let a = client(&d).await;
+    let backend = RedlockBackend::connect(&d.urls(), options())
+        .await
+        .expect("connect");
+    let arbiter = backend.arbiter(&name("arbiter-down"));
+    let b = LockClient::new(Arc::new(backend));
+    d.masters.nodes[arbiter].process().kill();
+    let held = a
+        .try_acquire("arbiter-down", &AcquireOptions::with_ttl(TTL))
+        .await
+        .expect("4 of 5 grant");
+    let waiter = tokio::spawn(async move {
+        b.acquire(
+            "arbiter-down",
+            &AcquireOptions::with_ttl(TTL),
+            Duration::from_secs(2),
+        )
+        .await
+    });
+    // Refused at first; its retries find the arbiter silent and go to every node instead.
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "granted while the lock was held");
+    assert!(held.release().await.expect("release"));
+    let lease = waiter
+        .await
+        .expect("task")
+        .expect("granted without the arbiter");
+    assert_eq!(d.nodes_holding(&name("arbiter-down")).await, 4);
+    assert!(lease.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_majority_down_fails_and_leaves_no_partial_keys() {
     let d = deploy(5, false).await;
     let a = client(&d).await;
