@@ -108,7 +108,7 @@ async fn an_uncontended_pair_is_one_script_call_each_running_only_what_it_needs(
     );
 }
 
-/// Three masters, an admin connection to each, and a Redlock client on them.
+/// Three masters, an admin connection to each, and their URLs.
 async fn redlock_setup() -> (
     RedisMasters,
     Vec<redis::aio::MultiplexedConnection>,
@@ -188,8 +188,8 @@ async fn woken_redlock_waiters_retry_on_one_node_and_only_its_winner_goes_on() {
                 .await;
             let _ = granted.send(lease.is_ok());
             // Held until the test ends (the task is aborted then).
+            let _held = lease;
             std::future::pending::<()>().await;
-            drop(lease);
         }));
     }
     // Every waiter's first round reached every node (a plain SET each, refused).
