@@ -151,8 +151,7 @@ impl RedlockBackend {
         ttl: Duration,
     ) -> Result<(bool, Instant)> {
         let start = Instant::now();
-        self.vote(name, secret, ttl, start, 0, (0..self.nodes.len()).collect())
-            .await
+        self.vote(name, secret, ttl, start, 0, None).await
     }
 
     /// A waiter's round: the name's arbiter node first, the others only once it granted. Of the
@@ -170,15 +169,20 @@ impl RedlockBackend {
         let start = Instant::now();
         let arbiter = self.arbiter(name);
         let node = &self.nodes[arbiter];
-        let rest = (0..self.nodes.len()).filter(|i| *i != arbiter).collect();
         match node
             .attempt(&node.keys(name), secret, ttl, Ask::Plain)
             .await
         {
             // Nothing was set anywhere: nothing to release.
             Ok(Attempt::Busy { .. }) => (Ok((false, start)), true),
-            Ok(Attempt::Granted(_)) => (self.vote(name, secret, ttl, start, 1, rest).await, true),
-            Err(_) => (self.vote(name, secret, ttl, start, 0, rest).await, false),
+            Ok(Attempt::Granted(_)) => {
+                let rest = self.vote(name, secret, ttl, start, 1, Some(arbiter)).await;
+                (rest, true)
+            }
+            Err(_) => {
+                let rest = self.vote(name, secret, ttl, start, 0, Some(arbiter)).await;
+                (rest, false)
+            }
         }
     }
 
@@ -189,8 +193,8 @@ impl RedlockBackend {
         usize::from(slot(&self.nodes[0].keys(name).lock)) % self.nodes.len()
     }
 
-    /// Asks `nodes` at once, counts them with the `granted` votes already won since `start`, and
-    /// releases everywhere unless that makes a majority with validity left.
+    /// Asks every node but `except` at once, counts them with the `granted` votes already won
+    /// since `start`, and releases everywhere unless that makes a majority with validity left.
     async fn vote(
         &self,
         name: &LockName,
@@ -198,10 +202,11 @@ impl RedlockBackend {
         ttl: Duration,
         start: Instant,
         granted: usize,
-        nodes: Vec<usize>,
+        except: Option<usize>,
     ) -> Result<(bool, Instant)> {
-        let results = join_all(nodes.iter().map(|i| {
-            let n = &self.nodes[*i];
+        let asked = (0..self.nodes.len()).filter(|i| Some(*i) != except);
+        let results = join_all(asked.map(|i| {
+            let n = &self.nodes[i];
             let keys = n.keys(name);
             async move { n.attempt(&keys, secret, ttl, Ask::Plain).await }
         }))
