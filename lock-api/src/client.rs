@@ -35,6 +35,11 @@ impl LockClient {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
     /// The backend behind this client.
     pub fn backend(&self) -> &Arc<dyn LockBackend> {
         &self.backend
