@@ -16,7 +16,7 @@ use crate::config::{RedisOptions, RedisTopology};
 use crate::conn::Conn;
 use crate::keys::{LockKeys, lock_keys, slot};
 use crate::notify::{Notifier, Subscription};
-use crate::scripts;
+use crate::scripts::{self, Call};
 
 /// What the Redis backend declares: efficiency grade, per-name fencing that holds while the
 /// server keeps its data, FIFO among live waiters (a server-side queue; a crashed waiter holds
@@ -229,7 +229,7 @@ impl RedisBackend {
 
     /// Joins the release notifications of `keys`' lock (shared per client).
     pub(crate) async fn subscribe_releases(&self, keys: &LockKeys) -> Result<Subscription> {
-        self.subscribe(&keys.channel).await
+        self.subscribe(&keys.channel().to_string()).await
     }
 
     async fn subscribe(&self, channel: &str) -> Result<Subscription> {
@@ -277,35 +277,41 @@ impl RedisBackend {
         };
         let mut conn = self.conn.clone();
         let ttl_ms = ttl.as_millis().max(1) as u64;
+        let hex = secret.expose_hex_bytes();
         let outcome: Result<(i64, i64)> = match ask {
             Ask::Fenced { waiting } => {
                 self.with_timeout(
-                    scripts::ACQUIRE
-                        .key(&keys.lock)
-                        .key(&keys.fence)
-                        .key(&keys.queue)
-                        .key(&keys.alive)
-                        .arg(secret.expose_hex())
+                    Call::new(&scripts::ACQUIRE, 4)
+                        .arg(&keys.lock)
+                        .arg(keys.fence())
+                        .arg(keys.queue())
+                        .arg(keys.alive())
+                        .arg(&hex[..])
                         .arg(ttl_ms)
                         .arg(u8::from(waiting))
                         .arg(WAITER_TTL.as_millis() as u64)
-                        .arg(&keys.turn)
-                        .invoke_async(&mut conn),
+                        .arg(keys.turn())
+                        .run(&mut conn),
                 )
                 .await
             }
-            Ask::Plain => self
-                .with_timeout(
+            Ask::Plain => {
+                // `<secret>:0`: the lock value layout (see `scripts`), with no token.
+                let mut value = [b':'; 34];
+                value[..32].copy_from_slice(&hex);
+                value[33] = b'0';
+                self.with_timeout(
                     redis::cmd("SET")
                         .arg(&keys.lock)
-                        .arg(format!("{}:0", secret.expose_hex()))
+                        .arg(&value[..])
                         .arg("NX")
                         .arg("PX")
                         .arg(ttl_ms)
                         .query_async::<Option<String>>(&mut conn),
                 )
                 .await
-                .map(|set| if set.is_some() { (1, 0) } else { (0, -1) }),
+                .map(|set| if set.is_some() { (1, 0) } else { (0, -1) })
+            }
         };
         let outcome = match outcome {
             Ok((1, token)) => self
@@ -350,22 +356,18 @@ impl RedisBackend {
 
     pub(crate) async fn release_keys(&self, keys: &LockKeys, secret: &OwnerSecret) -> Result<bool> {
         let mut conn = self.conn.clone();
-        let n: i64 = self
-            .with_timeout(
-                scripts::RELEASE
-                    .key(&keys.lock)
-                    .key(&keys.queue)
-                    .key(&keys.alive)
-                    .arg(secret.expose_hex())
-                    .arg(if self.announces_releases {
-                        keys.channel.as_str()
-                    } else {
-                        ""
-                    })
-                    .arg(&keys.turn)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
+        let mut call = Call::new(&scripts::RELEASE, 3);
+        call.arg(&keys.lock)
+            .arg(keys.queue())
+            .arg(keys.alive())
+            .arg(&secret.expose_hex_bytes()[..]);
+        if self.announces_releases {
+            call.arg(keys.channel());
+        } else {
+            call.arg("");
+        }
+        call.arg(keys.turn());
+        let n: i64 = self.with_timeout(call.run(&mut conn)).await?;
         Ok(n == 1)
     }
 
@@ -374,7 +376,7 @@ impl RedisBackend {
     pub(crate) async fn listeners(&self, keys: &LockKeys) -> Result<usize> {
         let mut conn = self.conn.clone();
         let mut numsub = redis::cmd("PUBSUB");
-        numsub.arg("NUMSUB").arg(&keys.channel);
+        numsub.arg("NUMSUB").arg(keys.channel());
         let counts: Vec<(String, usize)> = self.with_timeout(numsub.query_async(&mut conn)).await?;
         Ok(counts.first().map_or(0, |(_, n)| *n))
     }
@@ -385,13 +387,13 @@ impl RedisBackend {
         let mut conn = self.conn.clone();
         let left: Result<i64> = self
             .with_timeout(
-                scripts::LEAVE
-                    .key(&keys.queue)
-                    .key(&keys.alive)
-                    .key(&keys.lock)
-                    .arg(secret.expose_hex())
-                    .arg(&keys.turn)
-                    .invoke_async(&mut conn),
+                Call::new(&scripts::LEAVE, 3)
+                    .arg(keys.queue())
+                    .arg(keys.alive())
+                    .arg(&keys.lock)
+                    .arg(&secret.expose_hex_bytes()[..])
+                    .arg(keys.turn())
+                    .run(&mut conn),
             )
             .await;
         if let Err(error) = left {
@@ -404,15 +406,17 @@ impl RedisBackend {
         batch: &[(&GrantKey, Duration)],
         members: &[usize],
     ) -> Result<Vec<i64>> {
-        let mut call = scripts::RENEW.prepare_invoke();
+        let mut call = Call::new(&scripts::RENEW, members.len());
+        for i in members {
+            call.arg(&batch[*i].0.resource);
+        }
         for i in members {
             let (key, ttl) = batch[*i];
-            call.key(&key.resource)
-                .arg(key.secret.expose_hex())
+            call.arg(&key.secret.expose_hex_bytes()[..])
                 .arg(ttl.as_millis().max(1) as u64);
         }
         let mut conn = self.conn.clone();
-        self.with_timeout(call.invoke_async(&mut conn)).await
+        self.with_timeout(call.run(&mut conn)).await
     }
 
     fn grant(
@@ -602,7 +606,7 @@ impl LockBackend for RedisBackend {
                 });
             }
             let Some(sub) = released.as_mut() else {
-                let turn = format!("{}{me}", keys.turn);
+                let turn = format!("{}{me}", keys.turn());
                 match self.subscribe(&turn).await {
                     Ok(sub) => released = Some(sub),
                     Err(e) => {

@@ -12,7 +12,48 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
+
+/// One call of a script, written straight into one command (`EVALSHA <sha> <number of keys>`,
+/// then the keys, then the arguments, in that order). `Script::key` / `arg` first copy every key
+/// and argument into a buffer of its own: ~15 allocations per acquire + release pair, which
+/// measured ~10 % of the client's instructions.
+pub(crate) struct Call {
+    script: &'static Script,
+    cmd: Cmd,
+}
+
+impl Call {
+    pub(crate) fn new(script: &'static Script, keys: usize) -> Self {
+        // Room for our longest single-name call (acquire: 4 keys of a ~100-byte name, 5
+        // arguments) at once, rather than growing the buffers six or seven times per call.
+        let mut cmd = Cmd::with_capacity(3 + 9, 640);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+        Call { script, cmd }
+    }
+
+    /// Appends a key (while fewer than the declared number were written) or an argument.
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call; a server that does not know the script yet (restarted, failed over, new
+    /// Cluster node) answers `NOSCRIPT`, and then the script is loaded and the call sent again.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            answer => answer,
+        }
+    }
+}
 
 /// Lua helpers shared by the scripts that read the queue head: `purge` drops the waiters whose
 /// liveness ran out (from both sets) and says how many; `clock` is the server's time in ms and µs.

@@ -170,14 +170,14 @@ impl SameWork {
                 let mut c = conns[0].clone();
                 let _: (i64, i64) = ACQUIRE
                     .key(&keys.lock)
-                    .key(&keys.fence)
-                    .key(&keys.queue)
-                    .key(&keys.alive)
+                    .key(keys.fence())
+                    .key(keys.queue())
+                    .key(keys.alive())
                     .arg(&secret)
                     .arg(10_000)
                     .arg(0)
                     .arg(3_000)
-                    .arg(&keys.turn)
+                    .arg(keys.turn())
                     .invoke_async(&mut c)
                     .await
                     .expect("acquire script");
@@ -189,7 +189,7 @@ impl SameWork {
                 join_all(conns.iter().map(|c| {
                     let mut c = c.clone();
                     let (keys, secret) = (&keys, &secret);
-                    async move { release_script(&mut c, keys, secret, &keys.channel).await }
+                    async move { release_script(&mut c, keys, secret, keys.channel()).await }
                 }))
                 .await;
             }
@@ -301,15 +301,15 @@ async fn release_script(
     c: &mut redis::aio::MultiplexedConnection,
     keys: &distlock_redis::keys::LockKeys,
     secret: &str,
-    channel: &str,
+    channel: impl redis::ToRedisArgs,
 ) {
     let _: i64 = distlock_redis::scripts::RELEASE
         .key(&keys.lock)
-        .key(&keys.queue)
-        .key(&keys.alive)
+        .key(keys.queue())
+        .key(keys.alive())
         .arg(secret)
         .arg(channel)
-        .arg(&keys.turn)
+        .arg(keys.turn())
         .invoke_async(c)
         .await
         .expect("release script");

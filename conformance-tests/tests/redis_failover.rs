@@ -92,7 +92,9 @@ async fn without_wait_a_failover_gives_two_holders_and_a_token_going_backwards()
         let l = first.try_acquire("stock", &opts).await.expect("acquire");
         assert!(l.release().await.expect("release"));
     }
-    let fence = lock_keys("distlock", &LockName::new("stock").expect("name")).fence;
+    let fence = lock_keys("distlock", &LockName::new("stock").expect("name"))
+        .fence()
+        .to_string();
     let mut replica = servers.replica.admin().await.expect("admin");
     let start = tokio::time::Instant::now();
     while get(&mut replica, &fence).await.as_deref() != Some("3") {

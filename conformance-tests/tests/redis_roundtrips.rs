@@ -1,7 +1,8 @@
 //! Round trips of the Redis backend, counted by the server (`INFO commandstats`): an uncontended
 //! acquire is one script call, a release is one, a watchdog tick for 100 leases is one; and the
 //! commands those scripts run on the uncontended path are the few the guarantees need (on one
-//! server and on each Redlock node).
+//! server and on each Redlock node); a server that lost its script cache is taught each script
+//! once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -106,6 +107,30 @@ async fn an_uncontended_pair_is_one_script_call_each_running_only_what_it_needs(
         once_each(&["del", "evalsha", "exists", "get"]),
         "a release nobody waits for"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_forgot_our_scripts_is_taught_each_once_and_the_pair_still_holds() {
+    let (_server, mut admin, locks) = setup().await;
+    let opts = warmed_up(&locks).await;
+    // What a restarted or failed-over server looks like to a client: no script cached.
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .expect("SCRIPT FLUSH");
+    let before = command_calls(&mut admin).await;
+    for _ in 0..2 {
+        let lease = locks.try_acquire("forgot", &opts).await.expect("acquire");
+        assert!(lease.fencing_token().is_some());
+        assert!(lease.release().await.expect("release"));
+    }
+    let ran = ran(&before, &command_calls(&mut admin).await);
+    // Acquire and release each answered NOSCRIPT once, loaded their script and went again;
+    // the second pair found both cached.
+    assert_eq!(ran.get("script|load"), Some(&2), "{ran:?}");
+    assert_eq!(ran.get("set"), Some(&2), "{ran:?}");
+    assert_eq!(ran.get("del"), Some(&2), "{ran:?}");
 }
 
 /// Three masters, an admin connection to each, and their URLs.

@@ -27,12 +27,21 @@ impl OwnerSecret {
 
     /// The secret as 32 lowercase hex characters, for writing into the backend. Backends only.
     pub fn expose_hex(&self) -> String {
-        // On every acquire, renewal and release: no formatter, one allocation.
+        self.expose_hex_bytes()
+            .iter()
+            .copied()
+            .map(char::from)
+            .collect()
+    }
+
+    /// [`OwnerSecret::expose_hex`] on the stack: for a backend that writes the secret straight
+    /// into a request (every acquire and release), with no allocation. Always ASCII.
+    pub fn expose_hex_bytes(&self) -> [u8; 32] {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut out = String::with_capacity(self.0.len() * 2);
-        for b in self.0 {
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0x0f)]));
+        let mut out = [0u8; 32];
+        for (i, b) in self.0.iter().enumerate() {
+            out[2 * i] = HEX[usize::from(b >> 4)];
+            out[2 * i + 1] = HEX[usize::from(b & 0x0f)];
         }
         out
     }
@@ -118,5 +127,6 @@ mod tests {
             0x00, 0x01, 0xab, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0x9c,
         ]);
         assert_eq!(s.expose_hex(), "0001abff00000000000000000000109c");
+        assert_eq!(s.expose_hex_bytes(), *b"0001abff00000000000000000000109c");
     }
 }

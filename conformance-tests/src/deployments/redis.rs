@@ -46,7 +46,7 @@ pub(crate) async fn artifacts(admin: &mut impl ConnectionLike, name: &LockName) 
         .await
         .expect("EXISTS");
     let queued: i64 = redis::cmd("ZCARD")
-        .arg(&keys.queue)
+        .arg(keys.queue())
         .query_async(admin)
         .await
         .expect("ZCARD");
