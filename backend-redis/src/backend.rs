@@ -78,6 +78,17 @@ pub(crate) enum Ask {
     Plain,
 }
 
+/// Whom a release wakes.
+#[derive(Clone, Copy)]
+pub(crate) enum Tell {
+    /// Every listener of the name's channel (Redlock waiters, who do not queue).
+    Channel,
+    /// The live head of the name's queue, if any (a single server's waiters).
+    QueueHead,
+    /// Nobody (a Redlock node other than the name's arbiter, which announces it).
+    Nobody,
+}
+
 /// The outcome of one attempt.
 pub(crate) enum Attempt {
     /// Granted, with this node's counter value.
@@ -355,20 +366,46 @@ impl RedisBackend {
     }
 
     pub(crate) async fn release_keys(&self, keys: &LockKeys, secret: &OwnerSecret) -> Result<bool> {
+        let tell = if self.announces_releases {
+            Tell::Channel
+        } else {
+            Tell::QueueHead
+        };
+        self.release_telling(keys, secret, tell).await
+    }
+
+    /// Releases (compare-and-delete), then wakes whom `tell` says.
+    pub(crate) async fn release_telling(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        tell: Tell,
+    ) -> Result<bool> {
         let mut conn = self.conn.clone();
         let mut call = Call::new(&scripts::RELEASE, 3);
         call.arg(&keys.lock)
             .arg(keys.queue())
             .arg(keys.alive())
             .arg(&secret.expose_hex_bytes()[..]);
-        if self.announces_releases {
-            call.arg(keys.channel());
-        } else {
-            call.arg("");
-        }
+        // The script's second argument: see `scripts::RELEASE`.
+        match tell {
+            Tell::Channel => call.arg(keys.channel()),
+            Tell::QueueHead => call.arg(""),
+            Tell::Nobody => call.arg("-"),
+        };
         call.arg(keys.turn());
         let n: i64 = self.with_timeout(call.run(&mut conn)).await?;
         Ok(n == 1)
+    }
+
+    /// Publishes a release of `keys`' lock on its channel (for a release whose announcing node
+    /// did not answer).
+    pub(crate) async fn announce_release(&self, keys: &LockKeys) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(keys.channel()).arg(1);
+        let _: i64 = self.with_timeout(publish.query_async(&mut conn)).await?;
+        Ok(())
     }
 
     /// How many connections listen for `keys`' release messages (`PUBSUB NUMSUB`): the waiters

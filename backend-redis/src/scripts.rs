@@ -189,10 +189,11 @@ return out
     )
 });
 
-/// KEYS: lock, queue, alive. ARGV: secret, channel (or empty), turn channel prefix. DEL only if
-/// ours, then wake whoever waits:
-/// * On a Redlock node (a channel is given): PUBLISH on the name's channel, where Redlock
-///   waiters listen; they do not queue, so there is no queue to read.
+/// KEYS: lock, queue, alive. ARGV: secret, channel (or empty, or `-`), turn channel prefix. DEL
+/// only if ours, then wake whoever waits:
+/// * On a Redlock node that announces the release (a channel is given): PUBLISH on the name's
+///   channel, where Redlock waiters listen; they do not queue, so there is no queue to read.
+/// * On a Redlock node that does not (`-`: only the name's arbiter announces): nothing.
 /// * Otherwise: PUBLISH "your turn" on the own channel of the waiter that heads the queue (dead
 ///   waiters dropped first), if any. A single server's waiters always queue, so a release nobody
 ///   waits for publishes nothing. One message to one waiter: a release wakes one connection,
@@ -207,6 +208,9 @@ if not cur or string.sub(cur, 1, 33) ~= ARGV[1] .. ':' then
   return 0
 end
 redis.call('DEL', KEYS[1])
+if ARGV[2] == '-' then
+  return 1
+end
 if ARGV[2] ~= '' then
   redis.call('PUBLISH', ARGV[2], '1')
   return 1

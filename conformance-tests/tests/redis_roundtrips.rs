@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{AcquireOptions, LockClient};
+use distlock::{AcquireOptions, LockClient, LockName};
 use distlock_conformance::harness::{RedisMasters, RedisServer};
+use distlock_redis::keys::lock_keys;
 use distlock_redis::{RedisBackend, RedisOptions, RedlockBackend, RedlockOptions};
 
 /// Calls per command so far, scripts' inner commands included (`INFO` itself left out).
@@ -150,11 +151,68 @@ async fn redlock_setup() -> (
     (masters, admins, urls)
 }
 
-async fn redlock_client(urls: &[String]) -> LockClient {
-    let backend = RedlockBackend::connect(urls, RedlockOptions::default())
+async fn redlock_backend(urls: &[String]) -> RedlockBackend {
+    RedlockBackend::connect(urls, RedlockOptions::default())
         .await
-        .expect("connect");
-    LockClient::new(Arc::new(backend))
+        .expect("connect")
+}
+
+async fn redlock_client(urls: &[String]) -> LockClient {
+    LockClient::new(Arc::new(redlock_backend(urls).await))
+}
+
+/// For a test about `name` on three masters: the masters, an admin connection to each, the
+/// name, its arbiter's index, and a warmed-up client.
+async fn redlock_on(
+    name: &str,
+) -> (
+    RedisMasters,
+    Vec<redis::aio::MultiplexedConnection>,
+    LockName,
+    usize,
+    LockClient,
+    AcquireOptions,
+) {
+    let (masters, admins, urls) = redlock_setup().await;
+    let name = LockName::new(name).expect("name");
+    let arbiter = redlock_backend(&urls).await.arbiter(&name);
+    let locks = redlock_client(&urls).await;
+    let opts = warmed_up(&locks).await;
+    (masters, admins, name, arbiter, locks, opts)
+}
+
+/// Takes `name` (a majority grants) and releases it: the `PUBLISH`es each of `admins`' nodes
+/// ran for the release.
+async fn announced_release(
+    locks: &LockClient,
+    opts: &AcquireOptions,
+    name: &str,
+    admins: &mut [redis::aio::MultiplexedConnection],
+) -> Vec<u64> {
+    let lease = locks
+        .try_acquire(name, opts)
+        .await
+        .expect("a majority grants");
+    let before = calls_of(admins, "publish").await;
+    assert!(lease.release().await.expect("release"));
+    grew(&calls_of(admins, "publish").await, &before)
+}
+
+/// Sets `name`'s lock key on one node for an owner no client here knows (30 s).
+async fn hold_elsewhere(admin: &mut redis::aio::MultiplexedConnection, name: &LockName) {
+    let () = redis::cmd("SET")
+        .arg(lock_keys("distlock", name).lock)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(admin)
+        .await
+        .expect("SET");
+}
+
+/// Per node, how many more calls `after` counts than `before`.
+fn grew(after: &[u64], before: &[u64]) -> Vec<u64> {
+    after.iter().zip(before).map(|(a, b)| a - b).collect()
 }
 
 /// Each node's count of `command` so far.
@@ -173,22 +231,95 @@ async fn calls_of(admins: &mut [redis::aio::MultiplexedConnection], command: &st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redlock_pair_is_a_plain_set_and_a_release_that_publishes_on_every_node() {
-    let (_masters, mut admins, urls) = redlock_setup().await;
-    let locks = redlock_client(&urls).await;
-    let opts = warmed_up(&locks).await;
+async fn a_redlock_pair_is_a_plain_set_and_a_release_only_the_arbiter_announces() {
+    let (_masters, mut admins, _, arbiter, locks, opts) = redlock_on("count").await;
     let mut before = Vec::new();
     for admin in &mut admins {
         before.push(command_calls(admin).await);
     }
     let lease = locks.try_acquire("count", &opts).await.expect("acquire");
     assert!(lease.release().await.expect("release"));
-    // Redlock nodes grant with the raw minimum and hold no queue: the release wakes Redlock
-    // waiters on the name's channel and reads nothing else.
-    let want = once_each(&["del", "evalsha", "get", "publish", "set"]);
-    for (admin, before) in admins.iter_mut().zip(&before) {
+    // Redlock nodes grant with the raw minimum and hold no queue: the release reads nothing
+    // else, and only the name's arbiter wakes Redlock waiters on the name's channel (one message
+    // per waiter, not one per node).
+    for (i, (admin, before)) in admins.iter_mut().zip(&before).enumerate() {
         let after = command_calls(admin).await;
-        assert_eq!(ran(before, &after), want, "a redlock pair on one node");
+        let want = if i == arbiter {
+            once_each(&["del", "evalsha", "get", "publish", "set"])
+        } else {
+            once_each(&["del", "evalsha", "get", "set"])
+        };
+        assert_eq!(ran(before, &after), want, "a redlock pair on node {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_lease_granted_without_the_arbiter_is_still_announced_there() {
+    let (_masters, mut admins, name, arbiter, locks, opts) = redlock_on("not-on-arbiter").await;
+    hold_elsewhere(&mut admins[arbiter], &name).await;
+    let published = announced_release(&locks, &opts, "not-on-arbiter", &mut admins).await;
+    let want: Vec<u64> = (0..3).map(|i| u64::from(i == arbiter)).collect();
+    assert_eq!(published, want, "the arbiter announces, the others do not");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_release_whose_arbiter_is_down_is_announced_by_the_others() {
+    let (masters, mut admins, _, arbiter, locks, opts) = redlock_on("arbiter-down").await;
+    masters.nodes[arbiter].process().kill();
+    let mut live: Vec<_> = admins
+        .drain(..)
+        .enumerate()
+        .filter(|(i, _)| *i != arbiter)
+        .map(|(_, a)| a)
+        .collect();
+    let published = announced_release(&locks, &opts, "arbiter-down", &mut live).await;
+    assert_eq!(published, vec![1, 1], "each live node announces once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_holding_the_arbiter_asks_the_others_again_then_lets_go() {
+    let (_masters, mut admins, name, arbiter, locks, opts) = redlock_on("held-elsewhere").await;
+    // Every node but the arbiter is held by someone this client never hears about.
+    let key = lock_keys("distlock", &name).lock;
+    for (i, admin) in admins.iter_mut().enumerate() {
+        if i != arbiter {
+            hold_elsewhere(admin, &name).await;
+        }
+    }
+    let before = calls_of(&mut admins, "set").await;
+    let published = calls_of(&mut admins, "publish").await;
+    let outcome = locks
+        .acquire("held-elsewhere", &opts, Duration::from_millis(600))
+        .await;
+    assert!(
+        matches!(outcome, Err(distlock::LockError::Timeout { .. })),
+        "{outcome:?}"
+    );
+    let asked = grew(&calls_of(&mut admins, "set").await, &before);
+    // The first (parallel) round asks each node once; every later round wins the arbiter (it
+    // is free) and asks each other node four times (once, then three more) before it gives the
+    // arbiter back.
+    let rounds = asked[arbiter] - 1;
+    assert!(rounds >= 1, "no round after the first: {asked:?}");
+    for (i, n) in asked.iter().enumerate() {
+        if i != arbiter {
+            assert_eq!(*n, 1 + 4 * rounds, "node {i} in {asked:?}");
+        }
+    }
+    // Only the first round's clean-up announced (it freed the arbiter, which a waiter may have
+    // found taken); letting go of the arbiter after asking again woke nobody: the owner of the
+    // others will, when it releases.
+    let woke = grew(&calls_of(&mut admins, "publish").await, &published);
+    let want: Vec<u64> = (0..3).map(|i| u64::from(i == arbiter)).collect();
+    assert_eq!(woke, want, "announcements per node");
+    for (i, admin) in admins.iter_mut().enumerate() {
+        let held: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(admin)
+            .await
+            .expect("GET");
+        let want = (i != arbiter).then(|| "someone-else".to_string());
+        assert_eq!(held, want, "node {i} after the waiter gave up");
     }
 }
 
