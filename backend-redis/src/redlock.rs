@@ -89,6 +89,16 @@ enum Waking {
     Nobody,
 }
 
+/// The answers of the nodes one round asked.
+#[derive(Default)]
+struct Tally {
+    granted: usize,
+    /// The nodes that answered "held by another owner".
+    refused: Vec<usize>,
+    /// The nodes that did not answer in time.
+    errors: usize,
+}
+
 /// The validity left of a lease of `ttl` whose acquire took `elapsed` (from before the first
 /// request to after the last answer and the quorum check), or `None` when nothing is left.
 pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<Duration> {
@@ -191,10 +201,10 @@ impl RedlockBackend {
         ttl: Duration,
     ) -> (Result<(bool, Instant)>, bool) {
         let start = Instant::now();
-        let arbiter = self.arbiter(name);
-        let node = &self.nodes[arbiter];
-        match node
-            .attempt(&node.keys(name), secret, ttl, Ask::Plain)
+        let keys = self.nodes[0].keys(name);
+        let arbiter = self.arbiter_of(&keys);
+        match self.nodes[arbiter]
+            .attempt(&keys, secret, ttl, Ask::Plain)
             .await
         {
             // Nothing was set anywhere: nothing to release.
@@ -230,25 +240,14 @@ impl RedlockBackend {
             if round > 0 {
                 tokio::time::sleep(ARBITER_HOLD_PAUSE).await;
             }
-            let results = join_all(ask.iter().map(|i| {
-                let n = &self.nodes[*i];
-                let keys = n.keys(name);
-                async move { n.attempt(&keys, secret, ttl, Ask::Plain).await }
-            }))
-            .await;
-            let mut refused = Vec::new();
-            for (i, r) in ask.iter().zip(results) {
-                match r {
-                    Ok(Attempt::Granted(_)) => granted += 1,
-                    Ok(Attempt::Busy { .. }) => refused.push(*i),
-                    Err(_) => errors += 1,
-                }
-            }
+            let tally = self.ask(name, secret, ttl, ask.iter().copied()).await;
+            granted += tally.granted;
+            errors += tally.errors;
             let valid = validity(ttl, start.elapsed(), self.options.drift_factor).is_some();
             if granted >= self.quorum() && valid {
                 return Ok((true, start));
             }
-            ask = refused;
+            ask = tally.refused;
             if !valid || ask.is_empty() || granted + ask.len() < self.quorum() {
                 break;
             }
@@ -275,6 +274,32 @@ impl RedlockBackend {
         usize::from(slot(&keys.lock)) % self.nodes.len()
     }
 
+    /// Asks `nodes` at once for `name` (a plain `SET NX PX` each) and counts their answers.
+    async fn ask(
+        &self,
+        name: &LockName,
+        secret: &OwnerSecret,
+        ttl: Duration,
+        nodes: impl Iterator<Item = usize>,
+    ) -> Tally {
+        // Every node has the same key layout (one prefix for all): built once per round.
+        let keys = self.nodes[0].keys(name);
+        let answers = join_all(nodes.map(|i| {
+            let (n, keys) = (&self.nodes[i], &keys);
+            async move { (i, n.attempt(keys, secret, ttl, Ask::Plain).await) }
+        }))
+        .await;
+        let mut tally = Tally::default();
+        for (i, answer) in answers {
+            match answer {
+                Ok(Attempt::Granted(_)) => tally.granted += 1,
+                Ok(Attempt::Busy { .. }) => tally.refused.push(i),
+                Err(_) => tally.errors += 1,
+            }
+        }
+        tally
+    }
+
     /// Asks every node but `except` at once, counts them with the `granted` votes already won
     /// since `start`, and releases everywhere unless that makes a majority with validity left.
     async fn vote(
@@ -287,24 +312,13 @@ impl RedlockBackend {
         except: Option<usize>,
     ) -> Result<(bool, Instant)> {
         let asked = (0..self.nodes.len()).filter(|i| Some(*i) != except);
-        let results = join_all(asked.map(|i| {
-            let n = &self.nodes[i];
-            let keys = n.keys(name);
-            async move { n.attempt(&keys, secret, ttl, Ask::Plain).await }
-        }))
-        .await;
-        let granted = granted
-            + results
-                .iter()
-                .filter(|r| matches!(r, Ok(Attempt::Granted(_))))
-                .count();
-        let errors = results.iter().filter(|r| r.is_err()).count();
-        let ok = granted >= self.quorum()
+        let tally = self.ask(name, secret, ttl, asked).await;
+        let ok = granted + tally.granted >= self.quorum()
             && validity(ttl, start.elapsed(), self.options.drift_factor).is_some();
         if ok {
             return Ok((true, start));
         }
-        self.refused(name, secret, start, errors, Waking::Attempt)
+        self.refused(name, secret, start, tally.errors, Waking::Attempt)
             .await
     }
 
