@@ -33,7 +33,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 };
 
 /// A waiter that stops re-checking (it crashed) is dropped from the queue after this.
-const WAITER_TTL: Duration = Duration::from_secs(3);
+pub(crate) const WAITER_TTL: Duration = Duration::from_secs(3);
 
 /// A waiter re-checks at least this often, which also keeps its place in the queue.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -53,9 +53,6 @@ pub struct RedisBackend {
     notifier: Arc<Notifier>,
     options: RedisOptions,
     server: String,
-    /// Set on Redlock nodes, whose waiters do not queue but listen on the name's channel: their
-    /// releases publish there and read no queue (see [`scripts::RELEASE`]).
-    announces_releases: bool,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -73,19 +70,23 @@ pub(crate) enum Ask {
     /// The [`scripts::ACQUIRE`] script: a fencing token from the name's counter, FIFO queue
     /// (`waiting`: join it when the lock is taken).
     Fenced { waiting: bool },
-    /// A plain `SET NX PX` with token 0: for Redlock nodes, which hand out no token and do not
-    /// queue; no script runs, so a node grants at the cost of the raw minimum.
+    /// The same script on the name's Redlock arbiter: no counter (token 0), the caller joins or
+    /// keeps its place in the queue (liveness `waiter_ttl`), and a waiter granted stays at its
+    /// head until its release leaves it (see [`scripts::ACQUIRE`]).
+    Arbiter { waiter_ttl: Duration },
+    /// A plain `SET NX PX` with token 0: a Redlock node's first ask, which hands out no token and
+    /// does not queue; no script runs, so a node grants at the cost of the raw minimum.
     Plain,
 }
 
 /// Whom a release wakes.
 #[derive(Clone, Copy)]
 pub(crate) enum Tell {
-    /// Every listener of the name's channel (Redlock waiters, who do not queue).
-    Channel,
-    /// The live head of the name's queue, if any (a single server's waiters).
+    /// The live head of the name's queue, if any.
     QueueHead,
-    /// Nobody (a Redlock node other than the name's arbiter, which announces it).
+    /// The same, once the releaser left the queue (a Redlock holder its arbiter granted).
+    LeaveQueue,
+    /// Nobody (a Redlock node that keeps no queue, or a waiter that keeps its turn).
     Nobody,
 }
 
@@ -131,7 +132,6 @@ impl RedisBackend {
             notifier,
             options,
             server,
-            announces_releases: false,
         })
     }
 
@@ -166,7 +166,6 @@ impl RedisBackend {
             notifier,
             options,
             server,
-            announces_releases: false,
         })
     }
 
@@ -227,20 +226,23 @@ impl RedisBackend {
             notifier,
             options,
             server,
-            announces_releases: false,
         })
     }
 
-    /// This client as a Redlock node: its releases publish on the name's channel, where Redlock
-    /// waiters listen, instead of handing over to a queue (Redlock waiters do not queue).
-    pub(crate) fn announcing_releases(mut self) -> Self {
-        self.announces_releases = true;
-        self
-    }
-
-    /// Joins the release notifications of `keys`' lock (shared per client).
+    /// Joins the release announcements of `keys`' lock (shared per client): Redlock waiters
+    /// hear there the releases their arbiter could not tell them.
     pub(crate) async fn subscribe_releases(&self, keys: &LockKeys) -> Result<Subscription> {
         self.subscribe(&keys.channel().to_string()).await
+    }
+
+    /// Joins the waiter `secret`'s own "your turn" channel for `keys`' lock.
+    pub(crate) async fn subscribe_turn(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+    ) -> Result<Subscription> {
+        self.subscribe(&format!("{}{}", keys.turn(), secret.expose_hex()))
+            .await
     }
 
     async fn subscribe(&self, channel: &str) -> Result<Subscription> {
@@ -289,8 +291,13 @@ impl RedisBackend {
         let mut conn = self.conn.clone();
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let hex = secret.expose_hex_bytes();
-        let outcome: Result<(i64, i64)> = match ask {
-            Ask::Fenced { waiting } => {
+        let script = match ask {
+            Ask::Fenced { waiting } => Some((waiting, WAITER_TTL, false)),
+            Ask::Arbiter { waiter_ttl } => Some((true, waiter_ttl, true)),
+            Ask::Plain => None,
+        };
+        let outcome: Result<(i64, i64)> = match script {
+            Some((waiting, waiter_ttl, arbiter)) => {
                 self.with_timeout(
                     Call::new(&scripts::ACQUIRE, 4)
                         .arg(&keys.lock)
@@ -300,13 +307,14 @@ impl RedisBackend {
                         .arg(&hex[..])
                         .arg(ttl_ms)
                         .arg(u8::from(waiting))
-                        .arg(WAITER_TTL.as_millis() as u64)
+                        .arg(waiter_ttl.as_millis() as u64)
                         .arg(keys.turn())
+                        .arg(u8::from(arbiter))
                         .run(&mut conn),
                 )
                 .await
             }
-            Ask::Plain => {
+            None => {
                 // `<secret>:0`: the lock value layout (see `scripts`), with no token.
                 let mut value = [b':'; 34];
                 value[..32].copy_from_slice(&hex);
@@ -365,13 +373,10 @@ impl RedisBackend {
         ))
     }
 
+    /// Releases and tells the queue's head (a Redlock node that is not the name's arbiter keeps
+    /// no queue, so there it tells nobody).
     pub(crate) async fn release_keys(&self, keys: &LockKeys, secret: &OwnerSecret) -> Result<bool> {
-        let tell = if self.announces_releases {
-            Tell::Channel
-        } else {
-            Tell::QueueHead
-        };
-        self.release_telling(keys, secret, tell).await
+        self.release_telling(keys, secret, Tell::QueueHead).await
     }
 
     /// Releases (compare-and-delete), then wakes whom `tell` says.
@@ -389,16 +394,16 @@ impl RedisBackend {
             .arg(&secret.expose_hex_bytes()[..]);
         // The script's second argument: see `scripts::RELEASE`.
         match tell {
-            Tell::Channel => call.arg(keys.channel()),
-            Tell::QueueHead => call.arg(""),
-            Tell::Nobody => call.arg("-"),
+            Tell::QueueHead => call.arg("head"),
+            Tell::LeaveQueue => call.arg("leave"),
+            Tell::Nobody => call.arg("none"),
         };
         call.arg(keys.turn());
         let n: i64 = self.with_timeout(call.run(&mut conn)).await?;
         Ok(n == 1)
     }
 
-    /// Publishes a release of `keys`' lock on its channel (for a release whose announcing node
+    /// Publishes a release of `keys`' lock on its channel (for a Redlock release whose arbiter
     /// did not answer).
     pub(crate) async fn announce_release(&self, keys: &LockKeys) -> Result<()> {
         let mut conn = self.conn.clone();
@@ -408,8 +413,8 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// How many connections listen for `keys`' release messages (`PUBSUB NUMSUB`): the waiters
-    /// a Redlock waiter competes with when a release wakes them all.
+    /// How many connections listen for `keys`' release announcements (`PUBSUB NUMSUB`): the
+    /// Redlock waiters one announcement wakes together.
     pub(crate) async fn listeners(&self, keys: &LockKeys) -> Result<usize> {
         let mut conn = self.conn.clone();
         let mut numsub = redis::cmd("PUBSUB");
@@ -418,9 +423,10 @@ impl RedisBackend {
         Ok(counts.first().map_or(0, |(_, n)| *n))
     }
 
-    /// Takes a waiter that gives up out of the queue (and tells the next one if the lock is
-    /// free). Best effort: a waiter left behind is dropped when its liveness runs out.
-    async fn leave_queue(&self, keys: &LockKeys, secret: &OwnerSecret) {
+    /// Takes a waiter that gives up (or a Redlock holder its arbiter did not grant) out of the
+    /// queue, and tells the next one if the lock is free. Best effort: a waiter left behind is
+    /// dropped when its liveness runs out.
+    pub(crate) async fn leave_queue(&self, keys: &LockKeys, secret: &OwnerSecret) {
         let mut conn = self.conn.clone();
         let left: Result<i64> = self
             .with_timeout(
@@ -531,15 +537,33 @@ async fn connecting(
 
 /// Armed while a waiter may be in the queue: dropped armed (the acquire future was cancelled)
 /// it leaves the queue in the background.
-struct QueueGuard<'a> {
+pub(crate) struct QueueGuard<'a> {
     backend: &'a RedisBackend,
     keys: &'a LockKeys,
     secret: &'a OwnerSecret,
     armed: bool,
 }
 
-impl QueueGuard<'_> {
-    async fn leave(mut self) {
+impl<'a> QueueGuard<'a> {
+    pub(crate) fn new(
+        backend: &'a RedisBackend,
+        keys: &'a LockKeys,
+        secret: &'a OwnerSecret,
+    ) -> Self {
+        QueueGuard {
+            backend,
+            keys,
+            secret,
+            armed: true,
+        }
+    }
+
+    /// Stays in the queue (granted, and taken out of it by the script or by the release).
+    pub(crate) fn keep(mut self) {
+        self.armed = false;
+    }
+
+    pub(crate) async fn leave(mut self) {
         self.armed = false;
         self.backend.leave_queue(self.keys, self.secret).await;
     }
@@ -607,15 +631,9 @@ impl LockBackend for RedisBackend {
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
         let keys = self.keys(name);
         let secret = OwnerSecret::random()?;
-        let me = secret.expose_hex();
         let started = Instant::now();
         let mut released: Option<Subscription> = None;
-        let mut queued = QueueGuard {
-            backend: self,
-            keys: &keys,
-            secret: &secret,
-            armed: true,
-        };
+        let queued = QueueGuard::new(self, &keys, &secret);
         loop {
             let sent = Instant::now();
             let pttl_ms = match self
@@ -624,8 +642,7 @@ impl LockBackend for RedisBackend {
             {
                 Ok(Attempt::Granted(token)) => {
                     // The script took us out of the queue with the grant.
-                    queued.armed = false;
-                    drop(queued);
+                    queued.keep();
                     return Ok(self.grant(name, keys.clone(), secret.clone(), token, ttl, sent));
                 }
                 Ok(Attempt::Busy { pttl_ms }) => pttl_ms,
@@ -643,8 +660,7 @@ impl LockBackend for RedisBackend {
                 });
             }
             let Some(sub) = released.as_mut() else {
-                let turn = format!("{}{me}", keys.turn());
-                match self.subscribe(&turn).await {
+                match self.subscribe_turn(&keys, &secret).await {
                     Ok(sub) => released = Some(sub),
                     Err(e) => {
                         queued.leave().await;

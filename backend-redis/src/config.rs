@@ -112,7 +112,10 @@ pub struct RedlockOptions {
     pub node_timeout: Duration,
     /// Clock drift allowance as a fraction of the TTL (plus 2 ms). Default 0.01.
     pub drift_factor: f64,
-    /// A failed round is retried after a random delay in this range. Default 50..250 ms.
+    /// A failed round is retried after a random delay in this range, or as soon as the name's
+    /// arbiter tells the waiter its turn (each retry also keeps its place in the arbiter's
+    /// queue, which drops a waiter not heard from for twice the maximum, at least 3 s).
+    /// Default 50..250 ms.
     pub retry_delay: (Duration, Duration),
     /// How many rounds a waiting acquire tries at most (the deadline may end it sooner).
     /// Default 32.

@@ -6,18 +6,24 @@
 //!   the monotonic clock from before the first request was sent. The lease's local deadline is
 //!   exactly that validity.
 //! * **Failure**: release on *all* nodes, including those that did not answer (they may have
-//!   granted after their timeout), then retry after a random delay or at a release message
-//!   (the woken waiters' starts spread by how many listen), up to the caller's deadline
-//!   and `retry_count` rounds. A retry asks the name's *arbiter* node first (one node chosen by
-//!   the name's key slot) and the others only once it granted: of the waiters one release wakes,
-//!   one wins the arbiter, so they no longer split the votes and go round again together. The
-//!   grant still needs the same majority and validity (counted from before the arbiter's
-//!   request); the arbiter's winner asks the nodes that refused again a few times, briefly,
-//!   before it lets go. Once the arbiter fails to answer, that round is decided by the other
-//!   nodes and the acquire goes back to parallel rounds.
-//! * **Wake-ups**: only the arbiter announces a release (one message per waiter, not one per
-//!   node): a holder's release always, a failed attempt's clean-up only when it freed the
-//!   arbiter, and not a winner's that other nodes still refused (their owner will).
+//!   granted after their timeout), then wait in the name's queue on its *arbiter* (one node
+//!   chosen by the name's key slot, which keeps the waiters' queue with the single-instance
+//!   script) and retry when told our turn there or after a random delay, up to the caller's
+//!   deadline and `retry_count` rounds. A retry asks the arbiter first (joining the queue or
+//!   keeping our place) and the others only once it granted, so waiters never split the votes;
+//!   the waiter told its turn asks every node at once (only a newcomer's first round competes).
+//!   The grant still needs the same majority and validity (counted from before the arbiter's
+//!   request); a waiter the arbiter granted asks the nodes that refused again a few times,
+//!   briefly, before it lets go, and keeps the head of the queue until its release. Once the
+//!   arbiter fails to answer, that round is decided by the other nodes and the acquire goes
+//!   back to parallel rounds, woken by the others' release announcements (spread by how many
+//!   listen).
+//! * **Wake-ups**: one message per release, from the arbiter to the head of its queue: a
+//!   holder's release always (leaving the queue; by leaving it alone when the arbiter held no
+//!   key of ours), a failed attempt's clean-up when it freed the arbiter, and not a waiter's
+//!   that other nodes still refused (it keeps its turn; their owner's release tells it). When
+//!   the arbiter does not answer a holder's release, the others announce it on the name's
+//!   channel, to every waiter.
 //! * **Renew / release**: on all nodes; renew succeeds iff a majority extended, release iff a
 //!   majority deleted. A renewal that reaches no majority is retried by the watchdog only until
 //!   the validity deadline (bounded extension: unbounded retries would break liveness), then the
@@ -43,13 +49,15 @@ use futures_util::future::{join_all, select_all};
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::backend::{Ask, Attempt, RedisBackend, Tell};
+use crate::backend::{Ask, Attempt, QueueGuard, RedisBackend, Tell, WAITER_TTL};
 use crate::config::{RedisOptions, RedlockOptions};
 use crate::keys::{LockKeys, slot};
+use crate::notify::Subscription;
 
-/// What Redlock declares: efficiency grade, no fencing token, not FIFO, client-side
-/// re-entrancy, millisecond TTLs, release messages (from the name's arbiter node, from the
-/// others when it is down; a random back-off as the fallback).
+/// What Redlock declares: efficiency grade, no fencing token, not FIFO (waiters queue on the
+/// name's arbiter, but a newcomer's first round can win before the head), client-side
+/// re-entrancy, millisecond TTLs, release messages (from the name's arbiter to the head of its
+/// queue; from the others to every waiter while it is down; a random back-off as the fallback).
 pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
     guarantee: Guarantee::Efficiency,
     fencing: Fencing::None,
@@ -60,13 +68,10 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
     wakeup: Wakeup::PubSub,
 };
 
-/// How far apart, per competing waiter, the waiters a release wakes together start their next
-/// round. Too close and they reach the arbiter all at once (64 woken waiters cost the 2-core
-/// bench machine ~0.4 ms before the winner's answer) or, when it does not answer, split the
-/// votes; too far and the earliest starts late. On 3 local masters, 8 clients on one name made
-/// 1 200-1 400 hand-overs/s with the wake-ups spread over 5 ms and ~380/s over 50 ms (before
-/// the arbiter). With the arbiter, 64 clients measured no better p50 at 0-0.1 ms per waiter
-/// than at this value.
+/// How far apart, per listening waiter, the waiters an announcement wakes together (while the
+/// arbiter is silent) start their next round. Too close and they split the votes; too far and
+/// the earliest starts late. On 3 local masters, 8 clients on one name made 1 200-1 400
+/// hand-overs/s with the wake-ups spread over 5 ms and ~380/s over 50 ms.
 const SPREAD_PER_WAITER: Duration = Duration::from_micros(700);
 
 /// How many more times a waiter holding the arbiter asks the nodes that refused: enough for a
@@ -79,13 +84,15 @@ const ARBITER_HOLD_PAUSE: Duration = Duration::from_micros(300);
 /// Whom a Redlock release wakes (through the name's arbiter; see `release_all`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Waking {
-    /// A holder's release: the waiters, always (if the arbiter held no key of ours it is
-    /// told to announce all the same; if it does not answer, the others announce it).
+    /// A holder's release: the head of the arbiter's queue, always, once the holder left it
+    /// (if the arbiter held no key of ours, leaving its queue tells the head; if it does not
+    /// answer, the others announce the release to every waiter).
     Holder,
-    /// A failed attempt's clean-up: the waiters if it freed the arbiter (they may have found
+    /// A failed attempt's clean-up: the head if it freed the arbiter (the head may have found
     /// it taken by us).
     Attempt,
-    /// A waiter that held the arbiter while nodes another owner holds refused it: nobody.
+    /// A waiter that held the arbiter while nodes another owner holds refused it, or that the
+    /// arbiter refused: nobody (it keeps its turn).
     Nobody,
 }
 
@@ -160,11 +167,7 @@ impl RedlockBackend {
         };
         let mut nodes = Vec::with_capacity(urls.len());
         for url in urls {
-            nodes.push(
-                RedisBackend::connect(url, node_options.clone())
-                    .await?
-                    .announcing_releases(),
-            );
+            nodes.push(RedisBackend::connect(url, node_options.clone()).await?);
         }
         Ok(RedlockBackend {
             nodes: Arc::new(nodes),
@@ -185,46 +188,68 @@ impl RedlockBackend {
         ttl: Duration,
     ) -> Result<(bool, Instant)> {
         let start = Instant::now();
-        self.vote(name, secret, ttl, start, 0, None).await
+        self.vote(name, secret, ttl, start, None).await
     }
 
-    /// A waiter's round: the name's arbiter node first, the others only once it granted. Of the
-    /// waiters a release wakes together, exactly one wins the arbiter, so the others do not
-    /// split the votes and it takes a majority unless a newcomer's parallel round got there
-    /// first. The flag says whether the arbiter answered; when it did not, the other nodes
-    /// decide this round without it (its attempt guard is releasing whatever it may have set,
-    /// and a `SET` of ours sent there now could land before that release and be deleted by it).
-    async fn arbitrated_round(
+    /// A waiter's round through the name's arbiter, which keeps the waiters' queue: the arbiter
+    /// first (joining the queue or keeping our place) and the others only once it granted, so
+    /// waiters that retry together do not split the votes; or, `told` our turn by the arbiter,
+    /// every node at once (the other waiters wait for their turn, so only a newcomer competes).
+    /// The flag says whether the arbiter answered; when it did not, the other nodes decide this
+    /// round without it (its attempt guard is releasing whatever it may have set, and a `SET` of
+    /// ours sent there now could land before that release and be deleted by it).
+    async fn queued_round(
         &self,
         name: &LockName,
         secret: &OwnerSecret,
         ttl: Duration,
+        told: bool,
     ) -> (Result<(bool, Instant)>, bool) {
         let start = Instant::now();
         let keys = self.nodes[0].keys(name);
         let arbiter = self.arbiter_of(&keys);
-        match self.nodes[arbiter]
-            .attempt(&keys, secret, ttl, Ask::Plain)
-            .await
-        {
-            // Nothing was set anywhere: nothing to release.
-            Ok(Attempt::Busy { .. }) => (Ok((false, start)), true),
+        let queue = Ask::Arbiter {
+            waiter_ttl: self.waiter_ttl(),
+        };
+        let ask_arbiter = self.nodes[arbiter].attempt(&keys, secret, ttl, queue);
+        let (answer, others) = if told {
+            let others = self.ask(name, secret, ttl, self.others(arbiter));
+            let (answer, others) = tokio::join!(ask_arbiter, others);
+            (answer, Some(others))
+        } else {
+            (ask_arbiter.await, None)
+        };
+        match answer {
+            // Held by a newcomer: whatever the others granted goes back, waking nobody (we keep
+            // our turn; the newcomer's release tells us).
+            Ok(Attempt::Busy { .. }) => match others {
+                Some(t) if t.granted + t.errors > 0 => (
+                    self.refused(name, secret, start, t.errors, Waking::Nobody)
+                        .await,
+                    true,
+                ),
+                _ => (Ok((false, start)), true),
+            },
             Ok(Attempt::Granted(_)) => (
-                self.hold_arbiter(name, secret, ttl, start, arbiter).await,
+                self.hold_arbiter(name, secret, ttl, start, arbiter, others)
+                    .await,
                 true,
             ),
             Err(_) => {
-                let rest = self.vote(name, secret, ttl, start, 0, Some(arbiter)).await;
+                let rest = match others {
+                    Some(tally) => self.decide(name, secret, ttl, start, tally).await,
+                    None => self.vote(name, secret, ttl, start, Some(arbiter)).await,
+                };
                 (rest, false)
             }
         }
     }
 
-    /// With the arbiter granted: asks the others, and asks the ones that refused again, a few
-    /// times and briefly, while holding it. The release that woke us was announced by the
-    /// arbiter alone, so the others may not have processed their part of it yet; no other
-    /// waiter can win the arbiter meanwhile, and a newcomer that took a majority without it
-    /// wins as it should (we then release everything).
+    /// With the arbiter granted: asks the others (unless `first` holds their answers already),
+    /// and asks the ones that refused again, a few times and briefly, while holding it. The
+    /// release that woke us was told by the arbiter alone, so the others may not have processed
+    /// their part of it yet; no other waiter can win the arbiter meanwhile, and a newcomer that
+    /// took a majority without it wins as it should (we then release everything).
     async fn hold_arbiter(
         &self,
         name: &LockName,
@@ -232,15 +257,22 @@ impl RedlockBackend {
         ttl: Duration,
         start: Instant,
         arbiter: usize,
+        first: Option<Tally>,
     ) -> Result<(bool, Instant)> {
         let mut granted = 1;
         let mut errors = 0;
-        let mut ask: Vec<usize> = (0..self.nodes.len()).filter(|i| *i != arbiter).collect();
+        let mut ask: Vec<usize> = self.others(arbiter).collect();
+        let mut answered = first;
         for round in 0..=ARBITER_HOLD_RETRIES {
-            if round > 0 {
-                tokio::time::sleep(ARBITER_HOLD_PAUSE).await;
-            }
-            let tally = self.ask(name, secret, ttl, ask.iter().copied()).await;
+            let tally = match answered.take() {
+                Some(tally) => tally,
+                None => {
+                    if round > 0 {
+                        tokio::time::sleep(ARBITER_HOLD_PAUSE).await;
+                    }
+                    self.ask(name, secret, ttl, ask.iter().copied()).await
+                }
+            };
             granted += tally.granted;
             errors += tally.errors;
             let valid = validity(ttl, start.elapsed(), self.options.drift_factor).is_some();
@@ -252,15 +284,26 @@ impl RedlockBackend {
                 break;
             }
         }
-        // Still refused by nodes another owner holds: that owner's release will wake the
-        // waiters; waking them now (they found the arbiter taken by us) would only start them
-        // round again while it holds.
+        // Still refused by nodes another owner holds: that owner's release will tell the
+        // arbiter's queue, at whose head we stay; telling it now would only wake us again
+        // while that owner holds.
         let waking = if ask.is_empty() {
             Waking::Attempt
         } else {
             Waking::Nobody
         };
         self.refused(name, secret, start, errors, waking).await
+    }
+
+    /// Every node but `arbiter`.
+    fn others(&self, arbiter: usize) -> impl Iterator<Item = usize> + use<> {
+        (0..self.nodes.len()).filter(move |i| *i != arbiter)
+    }
+
+    /// How long the arbiter keeps a waiter in its queue without hearing from it: a waiter asks
+    /// again at least every `retry_delay.1`, so it keeps its place unless it crashed.
+    fn waiter_ttl(&self) -> Duration {
+        WAITER_TTL.max(self.options.retry_delay.1.saturating_mul(2))
     }
 
     /// The index (in the order the nodes were given) of the node that orders `name`'s waiters:
@@ -300,20 +343,31 @@ impl RedlockBackend {
         tally
     }
 
-    /// Asks every node but `except` at once, counts them with the `granted` votes already won
-    /// since `start`, and releases everywhere unless that makes a majority with validity left.
+    /// Asks every node but `except` at once, and releases everywhere unless that makes a
+    /// majority with validity left since `start`.
     async fn vote(
         &self,
         name: &LockName,
         secret: &OwnerSecret,
         ttl: Duration,
         start: Instant,
-        granted: usize,
         except: Option<usize>,
     ) -> Result<(bool, Instant)> {
         let asked = (0..self.nodes.len()).filter(|i| Some(*i) != except);
         let tally = self.ask(name, secret, ttl, asked).await;
-        let ok = granted + tally.granted >= self.quorum()
+        self.decide(name, secret, ttl, start, tally).await
+    }
+
+    /// Grants on a majority with validity left since `start`; else releases everywhere.
+    async fn decide(
+        &self,
+        name: &LockName,
+        secret: &OwnerSecret,
+        ttl: Duration,
+        start: Instant,
+        tally: Tally,
+    ) -> Result<(bool, Instant)> {
+        let ok = tally.granted >= self.quorum()
             && validity(ttl, start.elapsed(), self.options.drift_factor).is_some();
         if ok {
             return Ok((true, start));
@@ -343,38 +397,35 @@ impl RedlockBackend {
         Ok((false, start))
     }
 
-    /// Releases on every node; returns how many deleted our key. Waiters are woken through the
-    /// name's arbiter alone (one message per waiter, not one per node: their retries start
-    /// there anyway), as `waking` says.
+    /// Releases on every node; returns how many deleted our key. Waiters are told through the
+    /// name's arbiter, whose queue holds them (one message to the head per release), as
+    /// `waking` says.
     async fn release_all(&self, name: &LockName, secret: &OwnerSecret, waking: Waking) -> usize {
         let keys = self.nodes[0].keys(name);
         let arbiter = self.arbiter_of(&keys);
         let released = join_all(self.nodes.iter().enumerate().map(|(i, n)| {
             let keys = &keys;
-            let tell = if i == arbiter && waking != Waking::Nobody {
-                Tell::Channel
-            } else {
-                Tell::Nobody
+            let tell = match waking {
+                _ if i != arbiter => Tell::Nobody,
+                Waking::Holder => Tell::LeaveQueue,
+                Waking::Attempt => Tell::QueueHead,
+                Waking::Nobody => Tell::Nobody,
             };
             async move { n.release_telling(keys, secret, tell).await }
         }))
         .await;
         if waking == Waking::Holder {
             match released[arbiter] {
-                // The script announced it.
+                // The script told the queue's head.
                 Ok(true) => {}
-                // Granted without the arbiter: it announces all the same.
-                Ok(false) => {
-                    let _ = self.nodes[arbiter].announce_release(&keys).await;
-                }
-                // Silent arbiter: the others announce it.
+                // Granted without the arbiter: we may still be in its queue; leaving it tells
+                // the head if the arbiter is free.
+                Ok(false) => self.nodes[arbiter].leave_queue(&keys, secret).await,
+                // Silent arbiter: the others announce it to every waiter.
                 Err(_) => {
                     join_all(
-                        self.nodes
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, _)| *i != arbiter)
-                            .map(|(_, n)| n.announce_release(&keys)),
+                        self.others(arbiter)
+                            .map(|i| self.nodes[i].announce_release(&keys)),
                     )
                     .await;
                 }
@@ -410,20 +461,112 @@ impl RedlockBackend {
         }
     }
 
-    /// How far apart the waiters woken by one release start: [`SPREAD_PER_WAITER`] per
-    /// listener on the first node that answers, within 1 ms and `max` (the retry delay's
-    /// minimum, also what is used when no node answers).
+    /// How far apart the waiters woken by one announcement start: [`SPREAD_PER_WAITER`] per
+    /// listener on the first node other than the arbiter that answers (the arbiter announces
+    /// nothing), within 1 ms and `max` (the retry delay's minimum, also what is used when no
+    /// node answers).
     async fn wake_spread(&self, name: &LockName, max: Duration) -> Duration {
-        let first = self.arbiter(name);
-        for i in 0..self.nodes.len() {
-            let n = &self.nodes[(first + i) % self.nodes.len()];
-            if let Ok(listeners) = n.listeners(&n.keys(name)).await {
+        let keys = self.nodes[0].keys(name);
+        for i in self.others(self.arbiter_of(&keys)) {
+            if let Ok(listeners) = self.nodes[i].listeners(&keys).await {
                 let per =
                     SPREAD_PER_WAITER.saturating_mul(u32::try_from(listeners).unwrap_or(u32::MAX));
                 return per.clamp(Duration::from_millis(1).min(max), max);
             }
         }
         max
+    }
+
+    /// An acquire's rounds after a refused first one, until one grants (its start returned),
+    /// the deadline or `retry_count`. Between rounds the waiter sits in the arbiter's queue until
+    /// told its turn there (or, while the arbiter is silent, a release is announced by the
+    /// others), asking again at the latest after the random retry delay.
+    async fn wait(
+        &self,
+        name: &LockName,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        ttl: Duration,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<Instant> {
+        // The first round counts: `retry_count` 1 is one round, as without a queue.
+        let mut rounds = 1;
+        let out_of_time = |rounds: u32| {
+            (Instant::now() >= deadline || rounds >= self.options.retry_count.max(1)).then(|| {
+                LockError::Timeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                }
+            })
+        };
+        if let Some(timeout) = out_of_time(rounds) {
+            return Err(timeout);
+        }
+        let arbiter = self.arbiter_of(keys);
+        // Subscribed before the next round (at once) joins the queue, so a turn told since the
+        // first round is kept. A node that cannot subscribe just does not wake us.
+        let (turn, announced) = tokio::join!(
+            self.nodes[arbiter].subscribe_turn(keys, secret),
+            join_all(
+                self.others(arbiter)
+                    .map(|i| self.nodes[i].subscribe_releases(keys))
+            ),
+        );
+        let mut turn = turn.ok();
+        let mut subs: Vec<Subscription> = announced.into_iter().filter_map(Result::ok).collect();
+        let mut arbiter_answers = true;
+        let mut told = false;
+        // Learned at the first announcement, which only comes while the arbiter is silent.
+        let mut spread = None;
+        loop {
+            // What was told or announced before this round is answered by it.
+            for s in turn.iter_mut().chain(subs.iter_mut()) {
+                s.mark_seen();
+            }
+            let outcome = if arbiter_answers {
+                let (outcome, answered) = self.queued_round(name, secret, ttl, told).await;
+                arbiter_answers = answered;
+                outcome
+            } else {
+                self.round(name, secret, ttl).await
+            };
+            if let (true, start) = outcome? {
+                return Ok(start);
+            }
+            rounds += 1;
+            if let Some(timeout) = out_of_time(rounds) {
+                return Err(timeout);
+            }
+            let (lo, hi) = self.options.retry_delay;
+            let pause = rand::rng().random_range(lo..=hi);
+            let my_turn = async {
+                match turn.as_mut() {
+                    Some(t) => t.released().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let released = async {
+                if subs.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                select_all(subs.iter_mut().map(|s| Box::pin(s.released()))).await;
+            };
+            told = false;
+            tokio::select! {
+                _ = my_turn => told = true,
+                _ = released => {
+                    // Every waiter heard it: spread their starts, so fewer split the votes.
+                    let spread = match spread {
+                        Some(s) => s,
+                        None => *spread.insert(self.wake_spread(name, lo).await),
+                    };
+                    let jitter = rand::rng().random_range(Duration::ZERO..=spread);
+                    tokio::time::sleep_until((Instant::now() + jitter).min(deadline)).await;
+                }
+                _ = tokio::time::sleep_until((Instant::now() + pause).min(deadline)) => {}
+            }
+        }
     }
 
     fn grant(&self, name: &LockName, secret: OwnerSecret, ttl: Duration, start: Instant) -> Grant {
@@ -465,66 +608,27 @@ impl LockBackend for RedlockBackend {
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
         let secret = OwnerSecret::random()?;
         let started = Instant::now();
-        // Release messages cut the random pause short; they come from the arbiter, or from the
-        // others while it is down, so every node is listened to. A node that cannot subscribe
-        // just does not wake us.
-        let mut subs = Vec::new();
-        for n in self.nodes.iter() {
-            if let Ok(s) = n.subscribe_releases(&n.keys(name)).await {
-                subs.push(s);
+        // The first round goes to all nodes at once: an uncontended acquire is one round trip
+        // and subscribes to nothing.
+        if let (true, start) = self.round(name, &secret, ttl).await? {
+            return Ok(self.grant(name, secret, ttl, start));
+        }
+        let keys = self.nodes[0].keys(name);
+        let queued = QueueGuard::new(&self.nodes[self.arbiter_of(&keys)], &keys, &secret);
+        match self
+            .wait(name, &keys, &secret, ttl, deadline, started)
+            .await
+        {
+            Ok(start) => {
+                // The release leaves the arbiter's queue (a waiter it granted stays at the head).
+                queued.keep();
+                Ok(self.grant(name, secret, ttl, start))
+            }
+            Err(e) => {
+                queued.leave().await;
+                Err(e)
             }
         }
-        let mut rounds = 0;
-        // The first round goes to all nodes at once (an uncontended acquire is one round trip);
-        // later ones go through the arbiter first, until it once fails to answer.
-        let mut arbiter_answers = true;
-        // Learned after the first refusal, so an uncontended acquire pays nothing for it.
-        let mut spread = None;
-        loop {
-            // What was announced before this round is answered by it, so only a later release
-            // may end the next wait (a release the others announced too adds no extra round).
-            for s in &mut subs {
-                s.mark_seen();
-            }
-            let outcome = if rounds > 0 && arbiter_answers {
-                let (outcome, answered) = self.arbitrated_round(name, &secret, ttl).await;
-                arbiter_answers = answered;
-                outcome
-            } else {
-                self.round(name, &secret, ttl).await
-            };
-            if let (true, start) = outcome? {
-                return Ok(self.grant(name, secret, ttl, start));
-            }
-            rounds += 1;
-            if Instant::now() >= deadline || rounds >= self.options.retry_count.max(1) {
-                break;
-            }
-            let (lo, hi) = self.options.retry_delay;
-            let pause = rand::rng().random_range(lo..=hi);
-            let spread = match spread {
-                Some(s) => s,
-                None => *spread.insert(self.wake_spread(name, lo).await),
-            };
-            let released = async {
-                if subs.is_empty() {
-                    std::future::pending::<()>().await;
-                }
-                select_all(subs.iter_mut().map(|s| Box::pin(s.released()))).await;
-                // Spread the woken waiters: fewer reach the arbiter at once (and, without it,
-                // fewer split the votes).
-                let jitter = rand::rng().random_range(Duration::ZERO..=spread);
-                tokio::time::sleep(jitter).await;
-            };
-            tokio::select! {
-                _ = released => {}
-                _ = tokio::time::sleep_until((Instant::now() + pause).min(deadline)) => {}
-            }
-        }
-        Err(LockError::Timeout {
-            name: name.to_string(),
-            waited: started.elapsed(),
-        })
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {

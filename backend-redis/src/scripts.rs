@@ -78,7 +78,7 @@ end
 "#;
 
 /// KEYS: lock, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms, turn
-/// channel prefix.
+/// channel prefix, arbiter (0/1).
 /// * Nobody queued and the lock free (the common case): INCR the bucket counter, `SET NX PX`,
 ///   return `{1, token}`. Three commands and no read, because on this path every extra command
 ///   measurably costs throughput (each `redis.call` is ~1-3 us of server time against a ~100 us
@@ -92,13 +92,19 @@ end
 ///   is told on its turn channel.
 /// * Free and we head the queue (or every waiter in it was dead): as the first case, and leave
 ///   the queue.
+///
+/// On a name's Redlock arbiter (`arbiter` = 1, always waiting) no counter is kept (token 0:
+/// Redlock hands out none) and a granted waiter joins or keeps the head of the queue instead of
+/// leaving it, until its release leaves it ([`RELEASE`] with `leave`): the arbiter alone does
+/// not make a Redlock grant, and a waiter the other nodes then refuse keeps its turn.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"
 local lock, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, ttl, waiting, wttl = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
+local arbiter = ARGV[6] == '1'
 local queued = redis.call('EXISTS', queue) == 1
-if not queued then
+if not queued and not arbiter then
   local token = redis.call('INCR', fence)
   if redis.call('SET', lock, me .. ':' .. token, 'NX', 'PX', ttl) then
     return {{1, token}}
@@ -137,9 +143,14 @@ if head and head ~= me then
   end
   return {{0, -3}}
 end
-local token = redis.call('INCR', fence)
+local token = 0
+if not arbiter then
+  token = redis.call('INCR', fence)
+end
 redis.call('SET', lock, me .. ':' .. token, 'PX', ttl)
-if head then
+if arbiter then
+  join()
+elseif head then
   redis.call('ZREM', queue, me)
   redis.call('ZREM', alive, me)
 end
@@ -189,15 +200,15 @@ return out
     )
 });
 
-/// KEYS: lock, queue, alive. ARGV: secret, channel (or empty, or `-`), turn channel prefix. DEL
-/// only if ours, then wake whoever waits:
-/// * On a Redlock node that announces the release (a channel is given): PUBLISH on the name's
-///   channel, where Redlock waiters listen; they do not queue, so there is no queue to read.
-/// * On a Redlock node that does not (`-`: only the name's arbiter announces): nothing.
-/// * Otherwise: PUBLISH "your turn" on the own channel of the waiter that heads the queue (dead
-///   waiters dropped first), if any. A single server's waiters always queue, so a release nobody
-///   waits for publishes nothing. One message to one waiter: a release wakes one connection,
-///   not every waiter's.
+/// KEYS: lock, queue, alive. ARGV: secret, whom to tell (`head`, `leave` or `none`), turn
+/// channel prefix. DEL only if ours, then:
+/// * `head`: PUBLISH "your turn" on the own channel of the waiter that heads the queue (dead
+///   waiters dropped first), if any. A release nobody waits for publishes nothing; one message
+///   to one waiter: a release wakes one connection, not every waiter's.
+/// * `leave`: the same, once we left the queue (a Redlock holder the name's arbiter granted
+///   stays at its head until then; see [`ACQUIRE`]).
+/// * `none`: nothing (a Redlock node that is not the name's arbiter, which keeps no queue; or a
+///   waiter that keeps its turn).
 ///
 /// Returns 1 if released, 0 if it was not ours (never deletes another owner's lock).
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -208,14 +219,14 @@ if not cur or string.sub(cur, 1, 33) ~= ARGV[1] .. ':' then
   return 0
 end
 redis.call('DEL', KEYS[1])
-if ARGV[2] == '-' then
-  return 1
-end
-if ARGV[2] ~= '' then
-  redis.call('PUBLISH', ARGV[2], '1')
+if ARGV[2] == 'none' then
   return 1
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
+  if ARGV[2] == 'leave' then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('ZREM', KEYS[3], ARGV[1])
+  end
   {PURGE}
   purge(KEYS[2], KEYS[3], now_ms())
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]

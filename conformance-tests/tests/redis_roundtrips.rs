@@ -1,8 +1,8 @@
 //! Round trips of the Redis backend, counted by the server (`INFO commandstats`): an uncontended
 //! acquire is one script call, a release is one, a watchdog tick for 100 leases is one; and the
 //! commands those scripts run on the uncontended path are the few the guarantees need (on one
-//! server and on each Redlock node); a server that lost its script cache is taught each script
-//! once.
+//! server and on each Redlock node); a Redlock release sends one message, to the head of the
+//! queue on the name's arbiter; a server that lost its script cache is taught each script once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -215,6 +215,26 @@ fn grew(after: &[u64], before: &[u64]) -> Vec<u64> {
     after.iter().zip(before).map(|(a, b)| a - b).collect()
 }
 
+/// Acquires `name`, waiting up to `wait_ms`, which must time out: the `SET`s each of `admins'`
+/// nodes ran meanwhile.
+async fn timed_out_asking(
+    locks: &LockClient,
+    name: &str,
+    opts: &AcquireOptions,
+    wait_ms: u64,
+    admins: &mut [redis::aio::MultiplexedConnection],
+) -> Vec<u64> {
+    let before = calls_of(admins, "set").await;
+    let outcome = locks
+        .acquire(name, opts, Duration::from_millis(wait_ms))
+        .await;
+    assert!(
+        matches!(outcome, Err(distlock::LockError::Timeout { .. })),
+        "{outcome:?}"
+    );
+    grew(&calls_of(admins, "set").await, &before)
+}
+
 /// Each node's count of `command` so far.
 async fn calls_of(admins: &mut [redis::aio::MultiplexedConnection], command: &str) -> Vec<u64> {
     let mut out = Vec::new();
@@ -231,7 +251,7 @@ async fn calls_of(admins: &mut [redis::aio::MultiplexedConnection], command: &st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redlock_pair_is_a_plain_set_and_a_release_only_the_arbiter_announces() {
+async fn a_redlock_pair_is_a_plain_set_and_only_the_arbiter_looks_for_waiters() {
     let (_masters, mut admins, _, arbiter, locks, opts) = redlock_on("count").await;
     let mut before = Vec::new();
     for admin in &mut admins {
@@ -239,13 +259,12 @@ async fn a_redlock_pair_is_a_plain_set_and_a_release_only_the_arbiter_announces(
     }
     let lease = locks.try_acquire("count", &opts).await.expect("acquire");
     assert!(lease.release().await.expect("release"));
-    // Redlock nodes grant with the raw minimum and hold no queue: the release reads nothing
-    // else, and only the name's arbiter wakes Redlock waiters on the name's channel (one message
-    // per waiter, not one per node).
+    // Redlock nodes grant with the raw minimum; only the name's arbiter keeps a queue of
+    // waiters, so only its release looks for one (and, with nobody queued, tells nobody).
     for (i, (admin, before)) in admins.iter_mut().zip(&before).enumerate() {
         let after = command_calls(admin).await;
         let want = if i == arbiter {
-            once_each(&["del", "evalsha", "get", "publish", "set"])
+            once_each(&["del", "evalsha", "exists", "get", "set"])
         } else {
             once_each(&["del", "evalsha", "get", "set"])
         };
@@ -253,13 +272,99 @@ async fn a_redlock_pair_is_a_plain_set_and_a_release_only_the_arbiter_announces(
     }
 }
 
+/// How many waiters `name`'s queue on `admin`'s node holds.
+async fn queued(admin: &mut redis::aio::MultiplexedConnection, name: &LockName) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(lock_keys("distlock", name).queue())
+        .query_async(admin)
+        .await
+        .expect("ZCARD")
+}
+
+/// Waits (up to 5 s) until `name`'s queue on `admin`'s node holds `n` waiters.
+async fn until_queued(admin: &mut redis::aio::MultiplexedConnection, name: &LockName, n: u64) {
+    for _ in 0..500 {
+        if queued(admin, name).await == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} waiters queued, not {n}", queued(admin, name).await);
+}
+
+/// Each waiter's number and its acquire's outcome, in the order they end.
+type Grants = tokio::sync::mpsc::UnboundedReceiver<(u64, distlock::Result<distlock::Lease>)>;
+
+/// Releases `lease` and waits (up to 5 s) for the next grant: the waiter's number and lease.
+async fn handed_over(lease: distlock::Lease, grants: &mut Grants) -> (u64, distlock::Lease) {
+    assert!(lease.release().await.expect("release"));
+    let (id, lease) = tokio::time::timeout(Duration::from_secs(5), grants.recv())
+        .await
+        .expect("a waiter is granted")
+        .expect("a grant");
+    (id, lease.expect("granted"))
+}
+
+/// Waiters on `name`, each on a client of its own, started one at a time once the previous one
+/// queued on the arbiter (`admin`'s node): each sends its number and its acquire's outcome.
+async fn queued_waiters(
+    urls: &[String],
+    opts: &AcquireOptions,
+    name: &LockName,
+    admin: &mut redis::aio::MultiplexedConnection,
+    n: u64,
+) -> (Vec<tokio::task::JoinHandle<()>>, Grants) {
+    let (granted, grants) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for id in 0..n {
+        let (locks, opts, granted) = (redlock_client(urls).await, opts.clone(), granted.clone());
+        let named = name.to_string();
+        waiters.push(tokio::spawn(async move {
+            let lease = locks.acquire(&named, &opts, Duration::from_secs(20)).await;
+            let _ = granted.send((id, lease));
+        }));
+        until_queued(admin, name, id + 1).await;
+    }
+    (waiters, grants)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redlock_lease_granted_without_the_arbiter_is_still_announced_there() {
-    let (_masters, mut admins, name, arbiter, locks, opts) = redlock_on("not-on-arbiter").await;
+async fn a_redlock_holder_granted_without_the_arbiter_tells_the_head_of_its_queue() {
+    let (_masters, mut admins, urls) = redlock_setup().await;
+    let name = LockName::new("not-on-arbiter").expect("name");
+    let arbiter = redlock_backend(&urls).await.arbiter(&name);
+    let holder = redlock_client(&urls).await;
+    let opts = warmed_up(&holder).await;
     hold_elsewhere(&mut admins[arbiter], &name).await;
-    let published = announced_release(&locks, &opts, "not-on-arbiter", &mut admins).await;
+    let lease = holder
+        .try_acquire("not-on-arbiter", &opts)
+        .await
+        .expect("the other two grant");
+    let (_waiters, mut grants) = queued_waiters(&urls, &opts, &name, &mut admins[arbiter], 2).await;
+    // The arbiter's stranger goes away unannounced: only our holder's release can tell the
+    // queue, through the arbiter, though it never held the arbiter.
+    let () = redis::cmd("DEL")
+        .arg(lock_keys("distlock", &name).lock)
+        .query_async(&mut admins[arbiter])
+        .await
+        .expect("DEL");
+    let before = calls_of(&mut admins, "publish").await;
+    let (first, lease) = handed_over(lease, &mut grants).await;
+    assert_eq!(first, 0, "the head of the queue is granted first");
+    let told = grew(&calls_of(&mut admins, "publish").await, &before);
     let want: Vec<u64> = (0..3).map(|i| u64::from(i == arbiter)).collect();
-    assert_eq!(published, want, "the arbiter announces, the others do not");
+    assert_eq!(told, want, "one message, from the arbiter");
+    // The head it granted stays queued until its release, which leaves and tells the next.
+    let before = calls_of(&mut admins, "publish").await;
+    let (second, lease) = handed_over(lease, &mut grants).await;
+    assert_eq!(second, 1);
+    assert_eq!(grew(&calls_of(&mut admins, "publish").await, &before), want);
+    assert!(lease.release().await.expect("release"));
+    assert_eq!(
+        queued(&mut admins[arbiter], &name).await,
+        0,
+        "nobody left queued"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,19 +391,11 @@ async fn a_waiter_holding_the_arbiter_asks_the_others_again_then_lets_go() {
             hold_elsewhere(admin, &name).await;
         }
     }
-    let before = calls_of(&mut admins, "set").await;
     let published = calls_of(&mut admins, "publish").await;
-    let outcome = locks
-        .acquire("held-elsewhere", &opts, Duration::from_millis(600))
-        .await;
-    assert!(
-        matches!(outcome, Err(distlock::LockError::Timeout { .. })),
-        "{outcome:?}"
-    );
-    let asked = grew(&calls_of(&mut admins, "set").await, &before);
+    let asked = timed_out_asking(&locks, "held-elsewhere", &opts, 600, &mut admins).await;
     // The first (parallel) round asks each node once; every later round wins the arbiter (it
-    // is free) and asks each other node four times (once, then three more) before it gives the
-    // arbiter back.
+    // is free; its queue script's SET) and asks each other node four times (once, then three
+    // more) before it gives the arbiter back.
     let rounds = asked[arbiter] - 1;
     assert!(rounds >= 1, "no round after the first: {asked:?}");
     for (i, n) in asked.iter().enumerate() {
@@ -306,12 +403,15 @@ async fn a_waiter_holding_the_arbiter_asks_the_others_again_then_lets_go() {
             assert_eq!(*n, 1 + 4 * rounds, "node {i} in {asked:?}");
         }
     }
-    // Only the first round's clean-up announced (it freed the arbiter, which a waiter may have
-    // found taken); letting go of the arbiter after asking again woke nobody: the owner of the
-    // others will, when it releases.
+    // Letting go of the arbiter after asking again told nobody (we kept the head of its queue:
+    // the owner of the others tells it when it releases), and giving up left the queue.
     let woke = grew(&calls_of(&mut admins, "publish").await, &published);
-    let want: Vec<u64> = (0..3).map(|i| u64::from(i == arbiter)).collect();
-    assert_eq!(woke, want, "announcements per node");
+    assert_eq!(woke, vec![0, 0, 0], "messages per node");
+    assert_eq!(
+        queued(&mut admins[arbiter], &name).await,
+        0,
+        "left the queue"
+    );
     for (i, admin) in admins.iter_mut().enumerate() {
         let held: Option<String> = redis::cmd("GET")
             .arg(&key)
@@ -324,68 +424,77 @@ async fn a_waiter_holding_the_arbiter_asks_the_others_again_then_lets_go() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn woken_redlock_waiters_retry_on_one_node_and_only_its_winner_goes_on() {
+async fn a_redlock_release_tells_only_the_head_of_the_arbiters_queue() {
     const WAITERS: u64 = 6;
     let (_masters, mut admins, urls) = redlock_setup().await;
+    let name = LockName::new("contended").expect("name");
+    let arbiter = redlock_backend(&urls).await.arbiter(&name);
     let holder = redlock_client(&urls).await;
     let opts = warmed_up(&holder).await;
     let lease = holder
         .try_acquire("contended", &opts)
         .await
         .expect("acquire");
-    let start = calls_of(&mut admins, "set").await;
-    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
-    let mut waiters = Vec::new();
-    for _ in 0..WAITERS {
-        let (locks, opts, granted) = (redlock_client(&urls).await, opts.clone(), granted.clone());
-        waiters.push(tokio::spawn(async move {
-            let lease = locks
-                .acquire("contended", &opts, Duration::from_secs(20))
-                .await;
-            let _ = granted.send(lease.is_ok());
-            // Held until the test ends (the task is aborted then).
-            let _held = lease;
-            std::future::pending::<()>().await;
-        }));
-    }
-    // Every waiter's first round reached every node (a plain SET each, refused).
-    let mut before = start.clone();
-    for _ in 0..500 {
-        before = calls_of(&mut admins, "set").await;
-        if before.iter().zip(&start).all(|(b, s)| b - s >= WAITERS) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        before.iter().zip(&start).all(|(b, s)| b - s >= WAITERS),
-        "the waiters' first rounds: {start:?} -> {before:?}"
+    let (waiters, mut grants) =
+        queued_waiters(&urls, &opts, &name, &mut admins[arbiter], WAITERS).await;
+    let (sets, published) = (
+        calls_of(&mut admins, "set").await,
+        calls_of(&mut admins, "publish").await,
     );
-    assert!(lease.release().await.expect("release"));
-    let won = tokio::time::timeout(Duration::from_secs(5), grants.recv()).await;
-    assert!(
-        matches!(won, Ok(Some(true))),
-        "a waiter was granted: {won:?}"
-    );
-    // The losers' random pauses (50-250 ms) end meanwhile: each sends another round.
+    let (first, _held) = handed_over(lease, &mut grants).await;
+    assert_eq!(first, 0, "the head of the queue is granted");
+    // The others' random pauses (50-250 ms) end meanwhile: each asks the arbiter again.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = calls_of(&mut admins, "set").await;
-    let mut sets: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-    sets.sort_unstable();
-    // Every woken waiter asked the arbiter; only the one it granted asked the other nodes.
-    // Without the arbiter each retry is a SET on every node.
+    // One message for the release, from the arbiter; and only the one it told asked the other
+    // nodes (with every waiter woken, each would ask the arbiter, the winner taking it).
+    let told = grew(&calls_of(&mut admins, "publish").await, &published);
+    let want: Vec<u64> = (0..3).map(|i| u64::from(i == arbiter)).collect();
+    assert_eq!(told, want, "messages per node");
+    let asked = grew(&calls_of(&mut admins, "set").await, &sets);
+    for (i, n) in asked.iter().enumerate() {
+        // The winner may ask a node again that had not yet processed the release (3 times).
+        let most = if i == arbiter { 1 } else { 4 };
+        assert!(
+            (1..=most).contains(n),
+            "SETs per node after the release: {asked:?}"
+        );
+    }
     assert_eq!(
-        &sets[..2],
-        &[1, 1],
-        "SETs per node after the release: {sets:?}"
-    );
-    assert!(
-        sets[2] >= WAITERS,
-        "SETs per node after the release: {sets:?}"
+        queued(&mut admins[arbiter], &name).await,
+        WAITERS,
+        "the others still queue, the holder at their head"
     );
     for w in waiters {
         w.abort();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_retry_count_of_one_is_one_round_and_queues_nowhere() {
+    let (masters, mut admins, name, arbiter, holder, opts) = redlock_on("one-round").await;
+    let _held = holder
+        .try_acquire("one-round", &opts)
+        .await
+        .expect("acquire");
+    let options = RedlockOptions {
+        retry_count: 1,
+        ..RedlockOptions::default()
+    };
+    let once = LockClient::new(Arc::new(
+        RedlockBackend::connect(
+            &masters
+                .nodes
+                .iter()
+                .map(RedisServer::url)
+                .collect::<Vec<_>>(),
+            options,
+        )
+        .await
+        .expect("connect"),
+    ));
+    let asked = timed_out_asking(&once, "one-round", &opts, 20_000, &mut admins).await;
+    assert_eq!(asked, vec![1, 1, 1], "one plain SET per node");
+    assert_eq!(queued(&mut admins[arbiter], &name).await, 0, "never queued");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
