@@ -14,7 +14,8 @@
 //!   the waiter told its turn asks every node at once (only a newcomer's first round competes).
 //!   The grant still needs the same majority and validity (counted from before the arbiter's
 //!   request); a waiter the arbiter granted asks the nodes that refused again a few times,
-//!   briefly, before it lets go, and keeps the head of the queue until its release. Once the
+//!   briefly, before it lets go, and keeps the head of the queue until its release (or its
+//!   lock's expiry, so a crashed holder does not hold the queue up longer). Once the
 //!   arbiter fails to answer, that round is decided by the other nodes and the acquire goes
 //!   back to parallel rounds, woken by the others' release announcements (spread by how many
 //!   listen).

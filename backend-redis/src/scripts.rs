@@ -96,7 +96,9 @@ end
 /// On a name's Redlock arbiter (`arbiter` = 1, always waiting) no counter is kept (token 0:
 /// Redlock hands out none) and a granted waiter joins or keeps the head of the queue instead of
 /// leaving it, until its release leaves it ([`RELEASE`] with `leave`): the arbiter alone does
-/// not make a Redlock grant, and a waiter the other nodes then refuse keeps its turn.
+/// not make a Redlock grant, and a waiter the other nodes then refuse keeps its turn. Its place
+/// lives no longer than the lock it was granted, so a holder that crashed holds up the queue
+/// only until its lock expires.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"
@@ -124,20 +126,20 @@ if queued then
   purged = purge(queue, alive, now)
   head = redis.call('ZRANGE', queue, 0, 0)[1]
 end
-local function join()
+local function join(live)
   if waiting then
     redis.call('ZADD', queue, 'NX', arrival, me)
-    redis.call('ZADD', alive, now + wttl, me)
+    redis.call('ZADD', alive, now + live, me)
     redis.call('PEXPIRE', queue, wttl)
     redis.call('PEXPIRE', alive, wttl)
   end
 end
 if cur then
-  join()
+  join(wttl)
   return {{0, redis.call('PTTL', lock)}}
 end
 if head and head ~= me then
-  join()
+  join(wttl)
   if purged > 0 then
     redis.call('PUBLISH', ARGV[5] .. head, '1')
   end
@@ -149,7 +151,7 @@ if not arbiter then
 end
 redis.call('SET', lock, me .. ':' .. token, 'PX', ttl)
 if arbiter then
-  join()
+  join(math.min(wttl, tonumber(ttl)))
 elseif head then
   redis.call('ZREM', queue, me)
   redis.call('ZREM', alive, me)

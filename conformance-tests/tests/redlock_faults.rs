@@ -7,6 +7,7 @@ use std::time::Duration;
 use distlock::{AcquireOptions, LockClient, LockName};
 use distlock_conformance::deployments::redlock::{RedlockDeployment, deploy, options};
 use distlock_redis::RedlockBackend;
+use distlock_redis::keys::lock_keys;
 use tokio::time::{Instant, sleep};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -78,6 +79,59 @@ async fn a_waiter_whose_arbiter_is_down_still_takes_the_lock_at_its_release() {
         .expect("granted without the arbiter");
     assert_eq!(d.nodes_holding(&name("arbiter-down")).await, 4);
     assert!(lease.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_its_arbiter_granted_that_crashed_holds_the_queue_up_only_until_its_lock_expires()
+{
+    let d = deploy(3, false).await;
+    let n = name("crashed-head");
+    let backend = RedlockBackend::connect(&d.urls(), options())
+        .await
+        .expect("connect");
+    let arbiter = backend.arbiter(&n);
+    let (a, b, c) = (
+        client(&d).await,
+        LockClient::new(Arc::new(backend)),
+        client(&d).await,
+    );
+    let held = a
+        .try_acquire("crashed-head", &AcquireOptions::with_ttl(TTL).fixed())
+        .await
+        .expect("acquire");
+    // b waits in the arbiter's queue, is told at a's release and granted there: it keeps the
+    // queue's head while it holds.
+    let short = AcquireOptions::with_ttl(Duration::from_millis(300)).fixed();
+    let b_waits = {
+        let short = short.clone();
+        tokio::spawn(async move {
+            b.acquire("crashed-head", &short, Duration::from_secs(10))
+                .await
+        })
+    };
+    let queue = lock_keys(&options().prefix, &n).queue().to_string();
+    let mut arbiter_admin = d.masters.nodes[arbiter].admin().await.expect("admin");
+    for _ in 0..500 {
+        let queued: u64 = redis::cmd("ZCARD")
+            .arg(&queue)
+            .query_async(&mut arbiter_admin)
+            .await
+            .expect("ZCARD");
+        if queued == 1 {
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(held.release().await.expect("release"));
+    let crashed = b_waits.await.expect("task").expect("b is granted");
+    // b crashes: no release, no renewal. Its place in the queue must not outlive its lock (300
+    // ms), or c, queued behind it, would wait for the queue's liveness (3 s).
+    std::mem::forget(crashed);
+    let granted = c
+        .acquire("crashed-head", &short, Duration::from_secs(2))
+        .await
+        .expect("granted once b's lock expired, well within the queue's liveness");
+    assert!(granted.release().await.expect("release"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
