@@ -445,19 +445,21 @@ async fn a_redlock_release_tells_only_the_head_of_the_arbiters_queue() {
     assert_eq!(first, 0, "the head of the queue is granted");
     // The others' random pauses (50-250 ms) end meanwhile: each asks the arbiter again.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // One message for the release, from the arbiter; and only the one it told asked the other
-    // nodes (with every waiter woken, each would ask the arbiter, the winner taking it).
+    // One message for the release, from the arbiter, to the head of its queue.
     let told = grew(&calls_of(&mut admins, "publish").await, &published);
     let want: Vec<u64> = (0..3).map(|i| u64::from(i == arbiter)).collect();
     assert_eq!(told, want, "messages per node");
     let asked = grew(&calls_of(&mut admins, "set").await, &sets);
+    // A waiter reaches the other nodes only once the arbiter granted it (its queue script's
+    // SET; a refused waiter sets nothing there). Woken together, all 6 would have asked it.
+    // The winner asks a node that had not yet processed the release again (3 times); on a
+    // loaded machine it may even let go and win a second round.
+    let rounds = asked[arbiter];
+    assert!((1..=2).contains(&rounds), "SETs per node: {asked:?}");
     for (i, n) in asked.iter().enumerate() {
-        // The winner may ask a node again that had not yet processed the release (3 times).
-        let most = if i == arbiter { 1 } else { 4 };
-        assert!(
-            (1..=most).contains(n),
-            "SETs per node after the release: {asked:?}"
-        );
+        if i != arbiter {
+            assert!((1..=4 * rounds).contains(n), "SETs per node: {asked:?}");
+        }
     }
     assert_eq!(
         queued(&mut admins[arbiter], &name).await,
