@@ -116,6 +116,14 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<D
         .filter(|v| !v.is_zero())
 }
 
+/// The acquire of `name`, started at `started`, ran out of time or rounds.
+fn timed_out(name: &LockName, started: Instant) -> LockError {
+    LockError::Timeout {
+        name: name.to_string(),
+        waited: started.elapsed(),
+    }
+}
+
 /// A lock client over N independent Redis masters (N odd, 3 or 5 recommended).
 #[derive(Clone)]
 pub struct RedlockBackend {
@@ -221,8 +229,9 @@ impl RedlockBackend {
             (ask_arbiter.await, None)
         };
         match answer {
-            // Held by a newcomer: whatever the others granted goes back, waking nobody (we keep
-            // our turn; the newcomer's release tells us).
+            // Held (told our turn: by a newcomer) or promised to a waiter ahead of us: whatever
+            // the others granted goes back, waking nobody (we keep our place; the holder's
+            // release tells the head).
             Ok(Attempt::Busy { .. }) => match others {
                 Some(t) if t.granted + t.errors > 0 => (
                     self.refused(name, secret, start, t.errors, Waking::Nobody)
@@ -491,19 +500,8 @@ impl RedlockBackend {
         deadline: Instant,
         started: Instant,
     ) -> Result<Instant> {
-        // The first round counts: `retry_count` 1 is one round, as without a queue.
+        // The first round counts (see `acquire`).
         let mut rounds = 1;
-        let out_of_time = |rounds: u32| {
-            (Instant::now() >= deadline || rounds >= self.options.retry_count.max(1)).then(|| {
-                LockError::Timeout {
-                    name: name.to_string(),
-                    waited: started.elapsed(),
-                }
-            })
-        };
-        if let Some(timeout) = out_of_time(rounds) {
-            return Err(timeout);
-        }
         let arbiter = self.arbiter_of(keys);
         // Subscribed before the next round (at once) joins the queue, so a turn told since the
         // first round is kept. A node that cannot subscribe just does not wake us.
@@ -536,8 +534,8 @@ impl RedlockBackend {
                 return Ok(start);
             }
             rounds += 1;
-            if let Some(timeout) = out_of_time(rounds) {
-                return Err(timeout);
+            if self.out_of_time(rounds, deadline) {
+                return Err(timed_out(name, started));
             }
             let (lo, hi) = self.options.retry_delay;
             let pause = rand::rng().random_range(lo..=hi);
@@ -568,6 +566,11 @@ impl RedlockBackend {
                 _ = tokio::time::sleep_until((Instant::now() + pause).min(deadline)) => {}
             }
         }
+    }
+
+    /// Whether an acquire that made `rounds` rounds stops: past its deadline or `retry_count`.
+    fn out_of_time(&self, rounds: u32, deadline: Instant) -> bool {
+        Instant::now() >= deadline || rounds >= self.options.retry_count.max(1)
     }
 
     fn grant(&self, name: &LockName, secret: OwnerSecret, ttl: Duration, start: Instant) -> Grant {
@@ -613,6 +616,10 @@ impl LockBackend for RedlockBackend {
         // and subscribes to nothing.
         if let (true, start) = self.round(name, &secret, ttl).await? {
             return Ok(self.grant(name, secret, ttl, start));
+        }
+        // The first round counts: `retry_count` 1 is one round, and then nothing was queued.
+        if self.out_of_time(1, deadline) {
+            return Err(timed_out(name, started));
         }
         let keys = self.nodes[0].keys(name);
         let queued = QueueGuard::new(&self.nodes[self.arbiter_of(&keys)], &keys, &secret);

@@ -494,8 +494,17 @@ async fn a_redlock_retry_count_of_one_is_one_round_and_queues_nowhere() {
         .await
         .expect("connect"),
     ));
+    let scripts = calls_of(&mut admins, "evalsha").await;
     let asked = timed_out_asking(&once, "one-round", &opts, 20_000, &mut admins).await;
     assert_eq!(asked, vec![1, 1, 1], "one plain SET per node");
+    // Each node's one script is the refused round's release: no queue script on the arbiter
+    // (neither joining nor leaving).
+    let ran = grew(&calls_of(&mut admins, "evalsha").await, &scripts);
+    assert_eq!(
+        ran,
+        vec![1, 1, 1],
+        "scripts per node (the arbiter is {arbiter})"
+    );
     assert_eq!(queued(&mut admins[arbiter], &name).await, 0, "never queued");
 }
 
