@@ -192,12 +192,12 @@ impl RedlockBackend {
     /// (everything we got was released again).
     async fn round(
         &self,
-        name: &LockName,
+        keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
     ) -> Result<(bool, Instant)> {
         let start = Instant::now();
-        self.vote(name, secret, ttl, start, None).await
+        self.vote(keys, secret, ttl, start, None).await
     }
 
     /// A waiter's round through the name's arbiter, which keeps the waiters' queue: the arbiter
@@ -209,20 +209,19 @@ impl RedlockBackend {
     /// ours sent there now could land before that release and be deleted by it).
     async fn queued_round(
         &self,
-        name: &LockName,
+        keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
         told: bool,
     ) -> (Result<(bool, Instant)>, bool) {
         let start = Instant::now();
-        let keys = self.nodes[0].keys(name);
-        let arbiter = self.arbiter_of(&keys);
+        let arbiter = self.arbiter_of(keys);
         let queue = Ask::Arbiter {
             waiter_ttl: self.waiter_ttl(),
         };
-        let ask_arbiter = self.nodes[arbiter].attempt(&keys, secret, ttl, queue);
+        let ask_arbiter = self.nodes[arbiter].attempt(keys, secret, ttl, queue);
         let (answer, others) = if told {
-            let others = self.ask(name, secret, ttl, self.others(arbiter));
+            let others = self.ask(keys, secret, ttl, self.others(arbiter));
             let (answer, others) = tokio::join!(ask_arbiter, others);
             (answer, Some(others))
         } else {
@@ -234,21 +233,21 @@ impl RedlockBackend {
             // release tells the head).
             Ok(Attempt::Busy { .. }) => match others {
                 Some(t) if t.granted + t.errors > 0 => (
-                    self.refused(name, secret, start, t.errors, Waking::Nobody)
+                    self.refused(keys, secret, start, t.errors, Waking::Nobody)
                         .await,
                     true,
                 ),
                 _ => (Ok((false, start)), true),
             },
             Ok(Attempt::Granted(_)) => (
-                self.hold_arbiter(name, secret, ttl, start, arbiter, others)
+                self.hold_arbiter(keys, secret, ttl, start, arbiter, others)
                     .await,
                 true,
             ),
             Err(_) => {
                 let rest = match others {
-                    Some(tally) => self.decide(name, secret, ttl, start, tally).await,
-                    None => self.vote(name, secret, ttl, start, Some(arbiter)).await,
+                    Some(tally) => self.decide(keys, secret, ttl, start, tally).await,
+                    None => self.vote(keys, secret, ttl, start, Some(arbiter)).await,
                 };
                 (rest, false)
             }
@@ -262,7 +261,7 @@ impl RedlockBackend {
     /// took a majority without it wins as it should (we then release everything).
     async fn hold_arbiter(
         &self,
-        name: &LockName,
+        keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
         start: Instant,
@@ -280,7 +279,7 @@ impl RedlockBackend {
                     if round > 0 {
                         tokio::time::sleep(ARBITER_HOLD_PAUSE).await;
                     }
-                    self.ask(name, secret, ttl, ask.iter().copied()).await
+                    self.ask(keys, secret, ttl, ask.iter().copied()).await
                 }
             };
             granted += tally.granted;
@@ -302,7 +301,7 @@ impl RedlockBackend {
         } else {
             Waking::Nobody
         };
-        self.refused(name, secret, start, errors, waking).await
+        self.refused(keys, secret, start, errors, waking).await
     }
 
     /// Every node but `arbiter`.
@@ -327,18 +326,17 @@ impl RedlockBackend {
         usize::from(slot(&keys.lock)) % self.nodes.len()
     }
 
-    /// Asks `nodes` at once for `name` (a plain `SET NX PX` each) and counts their answers.
+    /// Asks `nodes` at once for the lock of `keys` (a plain `SET NX PX` each) and counts their
+    /// answers.
     async fn ask(
         &self,
-        name: &LockName,
+        keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
         nodes: impl Iterator<Item = usize>,
     ) -> Tally {
-        // Every node has the same key layout (one prefix for all): built once per round.
-        let keys = self.nodes[0].keys(name);
         let answers = join_all(nodes.map(|i| {
-            let (n, keys) = (&self.nodes[i], &keys);
+            let n = &self.nodes[i];
             async move { (i, n.attempt(keys, secret, ttl, Ask::Plain).await) }
         }))
         .await;
@@ -357,21 +355,21 @@ impl RedlockBackend {
     /// majority with validity left since `start`.
     async fn vote(
         &self,
-        name: &LockName,
+        keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
         start: Instant,
         except: Option<usize>,
     ) -> Result<(bool, Instant)> {
         let asked = (0..self.nodes.len()).filter(|i| Some(*i) != except);
-        let tally = self.ask(name, secret, ttl, asked).await;
-        self.decide(name, secret, ttl, start, tally).await
+        let tally = self.ask(keys, secret, ttl, asked).await;
+        self.decide(keys, secret, ttl, start, tally).await
     }
 
     /// Grants on a majority with validity left since `start`; else releases everywhere.
     async fn decide(
         &self,
-        name: &LockName,
+        keys: &LockKeys,
         secret: &OwnerSecret,
         ttl: Duration,
         start: Instant,
@@ -382,7 +380,7 @@ impl RedlockBackend {
         if ok {
             return Ok((true, start));
         }
-        self.refused(name, secret, start, tally.errors, Waking::Attempt)
+        self.refused(keys, secret, start, tally.errors, Waking::Attempt)
             .await
     }
 
@@ -390,13 +388,13 @@ impl RedlockBackend {
     /// a majority did not answer (nothing can grant then), else a plain refusal.
     async fn refused(
         &self,
-        name: &LockName,
+        keys: &LockKeys,
         secret: &OwnerSecret,
         start: Instant,
         errors: usize,
         waking: Waking,
     ) -> Result<(bool, Instant)> {
-        self.release_all(name, secret, waking).await;
+        self.release_all(keys, secret, waking).await;
         if errors >= self.quorum() {
             return Err(LockError::backend(
                 "redlock",
@@ -410,9 +408,8 @@ impl RedlockBackend {
     /// Releases on every node; returns how many deleted our key. Waiters are told through the
     /// name's arbiter, whose queue holds them (one message to the head per release), as
     /// `waking` says.
-    async fn release_all(&self, name: &LockName, secret: &OwnerSecret, waking: Waking) -> usize {
-        let keys = self.nodes[0].keys(name);
-        let arbiter = self.arbiter_of(&keys);
+    async fn release_all(&self, keys: &LockKeys, secret: &OwnerSecret, waking: Waking) -> usize {
+        let arbiter = self.arbiter_of(keys);
         let released = join_all(self.nodes.iter().enumerate().map(|(i, n)| {
             let keys = &keys;
             let tell = match waking {
@@ -430,12 +427,12 @@ impl RedlockBackend {
                 Ok(true) => {}
                 // Granted without the arbiter: we may still be in its queue; leaving it tells
                 // the head if the arbiter is free.
-                Ok(false) => self.nodes[arbiter].leave_queue(&keys, secret).await,
+                Ok(false) => self.nodes[arbiter].leave_queue(keys, secret).await,
                 // Silent arbiter: the others announce it to every waiter.
                 Err(_) => {
                     join_all(
                         self.others(arbiter)
-                            .map(|i| self.nodes[i].announce_release(&keys)),
+                            .map(|i| self.nodes[i].announce_release(keys)),
                     )
                     .await;
                 }
@@ -475,10 +472,9 @@ impl RedlockBackend {
     /// listener on the first node other than the arbiter that answers (the arbiter announces
     /// nothing), within 1 ms and `max` (the retry delay's minimum, also what is used when no
     /// node answers).
-    async fn wake_spread(&self, name: &LockName, max: Duration) -> Duration {
-        let keys = self.nodes[0].keys(name);
-        for i in self.others(self.arbiter_of(&keys)) {
-            if let Ok(listeners) = self.nodes[i].listeners(&keys).await {
+    async fn wake_spread(&self, keys: &LockKeys, max: Duration) -> Duration {
+        for i in self.others(self.arbiter_of(keys)) {
+            if let Ok(listeners) = self.nodes[i].listeners(keys).await {
                 let per =
                     SPREAD_PER_WAITER.saturating_mul(u32::try_from(listeners).unwrap_or(u32::MAX));
                 return per.clamp(Duration::from_millis(1).min(max), max);
@@ -524,11 +520,11 @@ impl RedlockBackend {
                 s.mark_seen();
             }
             let outcome = if arbiter_answers {
-                let (outcome, answered) = self.queued_round(name, secret, ttl, told).await;
+                let (outcome, answered) = self.queued_round(keys, secret, ttl, told).await;
                 arbiter_answers = answered;
                 outcome
             } else {
-                self.round(name, secret, ttl).await
+                self.round(keys, secret, ttl).await
             };
             if let (true, start) = outcome? {
                 return Ok(start);
@@ -558,7 +554,7 @@ impl RedlockBackend {
                     // Every waiter heard it: spread their starts, so fewer split the votes.
                     let spread = match spread {
                         Some(s) => s,
-                        None => *spread.insert(self.wake_spread(name, lo).await),
+                        None => *spread.insert(self.wake_spread(keys, lo).await),
                     };
                     let jitter = rand::rng().random_range(Duration::ZERO..=spread);
                     tokio::time::sleep_until((Instant::now() + jitter).min(deadline)).await;
@@ -573,11 +569,18 @@ impl RedlockBackend {
         Instant::now() >= deadline || rounds >= self.options.retry_count.max(1)
     }
 
-    fn grant(&self, name: &LockName, secret: OwnerSecret, ttl: Duration, start: Instant) -> Grant {
+    fn grant(
+        &self,
+        name: &LockName,
+        keys: LockKeys,
+        secret: OwnerSecret,
+        ttl: Duration,
+        start: Instant,
+    ) -> Grant {
         Grant {
             key: GrantKey {
                 name: name.clone(),
-                resource: self.nodes[0].keys(name).lock,
+                resource: keys.lock,
                 secret,
             },
             // No token: per-node counters are not one sequence (see the module docs).
@@ -601,8 +604,10 @@ impl LockBackend for RedlockBackend {
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Grant> {
         let secret = OwnerSecret::random()?;
-        match self.round(name, &secret, ttl).await? {
-            (true, start) => Ok(self.grant(name, secret, ttl, start)),
+        // Every node has the same key layout (one prefix for all): built once per acquire.
+        let keys = self.nodes[0].keys(name);
+        match self.round(&keys, &secret, ttl).await? {
+            (true, start) => Ok(self.grant(name, keys, secret, ttl, start)),
             (false, _) => Err(LockError::Busy {
                 name: name.to_string(),
             }),
@@ -612,16 +617,16 @@ impl LockBackend for RedlockBackend {
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
         let secret = OwnerSecret::random()?;
         let started = Instant::now();
+        let keys = self.nodes[0].keys(name);
         // The first round goes to all nodes at once: an uncontended acquire is one round trip
         // and subscribes to nothing.
-        if let (true, start) = self.round(name, &secret, ttl).await? {
-            return Ok(self.grant(name, secret, ttl, start));
+        if let (true, start) = self.round(&keys, &secret, ttl).await? {
+            return Ok(self.grant(name, keys, secret, ttl, start));
         }
         // The first round counts: `retry_count` 1 is one round, and then nothing was queued.
         if self.out_of_time(1, deadline) {
             return Err(timed_out(name, started));
         }
-        let keys = self.nodes[0].keys(name);
         let queued = QueueGuard::new(&self.nodes[self.arbiter_of(&keys)], &keys, &secret);
         match self
             .wait(name, &keys, &secret, ttl, deadline, started)
@@ -630,7 +635,7 @@ impl LockBackend for RedlockBackend {
             Ok(start) => {
                 // The release leaves the arbiter's queue (a waiter it granted stays at the head).
                 queued.keep();
-                Ok(self.grant(name, secret, ttl, start))
+                Ok(self.grant(name, keys, secret, ttl, start))
             }
             Err(e) => {
                 queued.leave().await;
@@ -668,7 +673,7 @@ impl LockBackend for RedlockBackend {
 
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         Ok(self
-            .release_all(&key.name, &key.secret, Waking::Holder)
+            .release_all(&self.nodes[0].keys(&key.name), &key.secret, Waking::Holder)
             .await
             >= self.quorum())
     }
