@@ -116,6 +116,12 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<D
         .filter(|v| !v.is_zero())
 }
 
+/// The index of the node, of `nodes` given in one order, that arbitrates the lock key `lock`
+/// (see [`RedlockBackend::arbiter`]): by the key's slot, the same for every client.
+pub fn arbiter_index(lock: &str, nodes: usize) -> usize {
+    usize::from(slot(lock)) % nodes
+}
+
 /// The acquire of `name`, started at `started`, ran out of time or rounds.
 fn timed_out(name: &LockName, started: Instant) -> LockError {
     LockError::Timeout {
@@ -323,7 +329,7 @@ impl RedlockBackend {
     }
 
     fn arbiter_of(&self, keys: &LockKeys) -> usize {
-        usize::from(slot(&keys.lock)) % self.nodes.len()
+        arbiter_index(&keys.lock, self.nodes.len())
     }
 
     /// Asks `nodes` at once for the lock of `keys` (a plain `SET NX PX` each) and counts their

@@ -178,18 +178,22 @@ impl SameWork {
                     .arg(0)
                     .arg(3_000)
                     .arg(keys.turn())
+                    .arg(0)
                     .invoke_async(&mut c)
                     .await
                     .expect("acquire script");
-                release_script(&mut c, &keys, &secret, "").await;
+                release_script(&mut c, &keys, &secret, "head").await;
             }
             SameWork::Redis(conns) => {
                 let keys = same_keys(name);
                 set_nx_everywhere(conns, &keys.lock, &format!("{secret}:0")).await;
-                join_all(conns.iter().map(|c| {
+                // Only the name's arbiter looks for waiters (`RedlockBackend::arbiter`).
+                let arbiter = distlock_redis::redlock::arbiter_index(&keys.lock, conns.len());
+                join_all(conns.iter().enumerate().map(|(i, c)| {
                     let mut c = c.clone();
                     let (keys, secret) = (&keys, &secret);
-                    async move { release_script(&mut c, keys, secret, keys.channel()).await }
+                    let tell = if i == arbiter { "leave" } else { "none" };
+                    async move { release_script(&mut c, keys, secret, tell).await }
                 }))
                 .await;
             }
@@ -301,14 +305,14 @@ async fn release_script(
     c: &mut redis::aio::MultiplexedConnection,
     keys: &distlock_redis::keys::LockKeys,
     secret: &str,
-    channel: impl redis::ToRedisArgs,
+    tell: &str,
 ) {
     let _: i64 = distlock_redis::scripts::RELEASE
         .key(&keys.lock)
         .key(keys.queue())
         .key(keys.alive())
         .arg(secret)
-        .arg(channel)
+        .arg(tell)
         .arg(keys.turn())
         .invoke_async(c)
         .await
