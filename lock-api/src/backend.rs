@@ -32,10 +32,12 @@ pub struct Grant {
     pub key: GrantKey,
     /// The fencing token; `Some` whenever the backend's fencing is monotonic.
     pub token: Option<FencingToken>,
-    /// The TTL the server applied (after rounding to its granularity).
+    /// The TTL the server applied (after rounding to its granularity; etcd's session TTL,
+    /// ZooKeeper's negotiated session timeout).
     pub ttl: Duration,
-    /// When the request the TTL counts from was sent, on the monotonic clock. The local validity
-    /// deadline is `sent_at + ttl - drift`, so it is always before the server-side expiry.
+    /// When the request the TTL counts from was sent, on the monotonic clock: a moment at which
+    /// the server had not yet started counting. The local validity deadline is
+    /// `sent_at + ttl - margins`, so it is always before the server-side expiry.
     pub sent_at: Instant,
     /// Fires when the backend session carrying this grant dies (etcd lease, ZooKeeper session);
     /// `None` when the grant has no session beyond its own TTL.
@@ -45,8 +47,13 @@ pub struct Grant {
 /// Result of a renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
-    /// The TTL was reset; it counts from the moment the renewal was sent.
-    Renewed,
+    /// The lock is ours for `ttl` more, counted from the moment the renewal was sent: exactly
+    /// what the server applied (a shorter TTL than before shortens the lease; etcd and ZooKeeper
+    /// answer their session's TTL whatever was asked).
+    Renewed {
+        /// The TTL the server applied.
+        ttl: Duration,
+    },
     /// The lock is no longer ours (expired, taken, or released). Nothing was created.
     NotHeld,
 }
@@ -59,10 +66,17 @@ pub enum Renewal {
 ///   release never deletes another owner's lock;
 /// * a waiter is woken by a notification, not by a fixed poll, and leaves nothing queued when it
 ///   times out, fails or its future is dropped;
-/// * a grant whose future is dropped after the server granted it is released, not leaked.
+/// * a grant whose future is dropped after the server granted it is released, not leaked;
+/// * a renewal reports the TTL the server applied, and is proven by the server that decides
+///   (never answered from a replica's possibly stale copy).
 ///
 /// Users call these through [`crate::LockClient`], which validates names and options, adds the
 /// watchdog, re-entrancy and the lost signal.
+///
+/// # Wrappers
+/// A backend that wraps another (to count, trace or inject faults) forwards every method,
+/// default ones included: a forgotten `renew_batch` turns one batched call per tick into one
+/// call per lease. Put `#[deny(clippy::missing_trait_methods)]` on such an `impl`.
 #[async_trait]
 pub trait LockBackend: Debug + Send + Sync + 'static {
     /// The backend kind (`memory`, `redis`, `etcd`, `zk`, `redlock`), used in errors and logs.
@@ -70,6 +84,13 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
 
     /// What this backend declares it can do.
     fn capabilities(&self) -> &Capabilities;
+
+    /// The TTL a grant asked for `requested` gets, before any I/O: `requested` rounded by
+    /// [`Capabilities::effective_ttl`], unless the backend's leases live on a session whose TTL
+    /// they all share (etcd, ZooKeeper), which then answers that. Options are checked against it.
+    fn lease_ttl(&self, requested: Duration) -> Duration {
+        self.capabilities().effective_ttl(requested)
+    }
 
     /// Takes the lock if it is free, else fails with [`crate::LockError::Busy`] at once, leaving
     /// nothing queued in the backend. `ttl` is already rounded by
@@ -88,16 +109,45 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
 
     /// Renews many grants, each to its own TTL, with the fewest server calls the store allows
     /// (the watchdog calls this once per tick for every lease that is due). Returns one outcome
-    /// per item, in order; a missing outcome counts as a failure to retry. Same promises as
-    /// [`LockBackend::renew`] for each item.
+    /// per item, in order, by `deadline`: an item whose server did not answer by then is an
+    /// error, while the items other servers answered keep their outcome (one hung node of a
+    /// cluster must not cost the leases on healthy ones). A missing outcome counts as a failure
+    /// to retry. Same promises as [`LockBackend::renew`] for each item.
     ///
-    /// The default renews each item with [`LockBackend::renew`], concurrently.
-    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
-        futures_util::future::join_all(batch.iter().map(|(key, ttl)| self.renew(key, *ttl))).await
+    /// The default renews each item with [`LockBackend::renew`], concurrently, each cut off at
+    /// `deadline` on its own.
+    async fn renew_batch(
+        &self,
+        batch: &[(&GrantKey, Duration)],
+        deadline: Instant,
+    ) -> Vec<Result<Renewal>> {
+        futures_util::future::join_all(batch.iter().map(|(key, ttl)| async move {
+            tokio::time::timeout_at(deadline, self.renew(key, *ttl))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(crate::LockError::backend(
+                        self.kind(),
+                        true,
+                        "no answer by the renewal deadline",
+                    ))
+                })
+        }))
+        .await
     }
 
     /// Releases a grant; returns whether we still held it. Never touches another owner's lock.
+    /// A failed release is retried by the caller ([`crate::Lease`] does so in the background).
     async fn release(&self, key: &GrantKey) -> Result<bool>;
+
+    /// Gives up what keeps `key`'s lock alive on the server, after releasing it failed for as
+    /// long as the lease could be renewed: the server then frees it within its TTL, whatever
+    /// else stays unreachable. For a lock with its own TTL that is nothing (renewals stopped at
+    /// release); etcd stops keeping its session lease alive and ZooKeeper closes its session,
+    /// which fires the lost signal of every other lease on that session (correct: their holder
+    /// cannot prove them any more). Never touches another client's locks.
+    async fn abandon(&self, key: &GrantKey) {
+        let _ = key;
+    }
 }
 
 /// [`LockBackend::renew`] for a backend whose batched renewal is the primitive: a batch of one.
@@ -106,9 +156,10 @@ pub async fn renew_as_batch<B: LockBackend + ?Sized>(
     backend: &B,
     key: &GrantKey,
     ttl: Duration,
+    deadline: Instant,
 ) -> Result<Renewal> {
     backend
-        .renew_batch(&[(key, ttl)])
+        .renew_batch(&[(key, ttl)], deadline)
         .await
         .pop()
         .unwrap_or(Ok(Renewal::NotHeld))

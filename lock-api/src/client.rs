@@ -112,6 +112,10 @@ impl LockClient {
     ) -> Result<Lease> {
         let name = LockName::new(name)?;
         opts.validate()?;
+        // The TTL the lease will actually get (a session's, on etcd and ZooKeeper): the renewal
+        // period must fit its validity window, not only the asked TTL's.
+        let ttl = self.backend.lease_ttl(opts.ttl);
+        opts.validate_for(ttl)?;
         self.check_guarantee(opts.guarantee)?;
         let runtime = Handle::try_current().map_err(|_| LockError::Unsupported {
             backend: self.backend.kind(),
@@ -127,7 +131,6 @@ impl LockClient {
         {
             return Ok(lease);
         }
-        let ttl = self.capabilities().effective_ttl(opts.ttl);
         let grant = match deadline {
             None => self.backend.try_acquire(&name, ttl).await?,
             Some(d) => self.backend.acquire(&name, ttl, d).await?,
@@ -142,7 +145,7 @@ impl LockClient {
                 "the grant carried no fencing token",
             ));
         }
-        tracing::debug!(token = ?lease.fencing_token(), ttl = ?ttl, "distlock acquired");
+        tracing::debug!(token = ?lease.fencing_token(), ttl = ?lease.ttl(), "distlock acquired");
         Ok(lease)
     }
 
@@ -161,14 +164,14 @@ impl LockClient {
             token: grant.token,
             guarantee: opts.guarantee,
             mode: opts.mode,
-            drift_factor: opts.drift_factor,
-            drift_floor: opts.drift_floor,
+            margins: opts.margins(),
             lost: trigger,
             renew_gate: tokio::sync::Mutex::new(()),
             runtime: runtime.clone(),
             owner: opts.owner.clone().map(|o| (o, hold_key.clone())),
             watchdog: self.watchdog.clone(),
             member,
+            loss_handled: Default::default(),
             state: Mutex::new(LeaseState {
                 ttl: grant.ttl,
                 deadline: grant.sent_at,
@@ -176,7 +179,7 @@ impl LockClient {
                 released: false,
             }),
         });
-        shared.state().deadline = shared.validity(grant.sent_at, grant.ttl);
+        shared.extend(grant.sent_at, grant.ttl);
         self.watchdog
             .join(member, &shared, grant.sent_at, grant.session);
         if let Some(owner) = &opts.owner {

@@ -1,6 +1,7 @@
 //! The lease guard handed out by an acquire.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,10 +13,17 @@ use crate::error::{LockError, LostReason, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::Guarantee;
 use crate::name::LockName;
-use crate::options::LeaseMode;
+use crate::options::{LeaseMode, Margins};
 use crate::owner::Owner;
 use crate::signal::{LostSignal, LostTrigger};
 use crate::watchdog::Watchdog;
+
+/// The first pause before a failed release is tried again; it doubles up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// A failed release is retried for at least this long (and one renewal period, if longer)
+/// before the backend gives up what keeps the lock alive.
+const RETRY_WINDOW: Duration = Duration::from_secs(1);
 
 /// State shared by every guard of one grant (re-entrant acquires share it) and its watchdog.
 pub(crate) struct LeaseShared {
@@ -24,8 +32,7 @@ pub(crate) struct LeaseShared {
     pub(crate) token: Option<FencingToken>,
     pub(crate) guarantee: Guarantee,
     pub(crate) mode: LeaseMode,
-    pub(crate) drift_factor: f64,
-    pub(crate) drift_floor: Duration,
+    pub(crate) margins: Margins,
     pub(crate) lost: LostTrigger,
     /// Held while a renewal is in flight; release takes it so no renewal overlaps a release.
     pub(crate) renew_gate: tokio::sync::Mutex<()>,
@@ -36,9 +43,12 @@ pub(crate) struct LeaseShared {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) member: u64,
     pub(crate) state: Mutex<LeaseState>,
+    /// The loss was logged and its background release started (once, whoever saw it first).
+    pub(crate) loss_handled: AtomicBool,
 }
 
 pub(crate) struct LeaseState {
+    /// The TTL the server applied last, which renewals ask for again.
     pub(crate) ttl: Duration,
     pub(crate) deadline: Instant,
     pub(crate) holds: usize,
@@ -50,35 +60,59 @@ impl LeaseShared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The end of the validity window of a TTL the server applied at `sent`.
     pub(crate) fn validity(&self, sent: Instant, ttl: Duration) -> Instant {
-        let drift = ttl.mul_f64(self.drift_factor) + self.drift_floor;
-        sent + ttl.saturating_sub(drift)
+        sent + self.margins.window(ttl)
     }
 
-    /// Records a successful renewal sent at `sent`.
-    pub(crate) fn extend(&self, sent: Instant, ttl: Duration) {
-        let deadline = self.validity(sent, ttl);
-        let mut st = self.state();
-        st.ttl = ttl;
-        st.deadline = st.deadline.max(deadline);
-    }
-
-    pub(crate) fn renew_period(&self, ttl: Duration) -> Option<Duration> {
+    /// What the lost signal says when the deadline passes without a renewal.
+    pub(crate) fn deadline_reason(&self) -> LostReason {
         match self.mode {
-            LeaseMode::Watchdog { renew_every } => Some(renew_every.unwrap_or(ttl / 3)),
-            LeaseMode::Fixed => None,
+            LeaseMode::Watchdog { .. } => LostReason::RenewalFailed,
+            LeaseMode::Fixed => LostReason::Expired,
         }
     }
 
-    pub(crate) fn mark_lost(&self, reason: LostReason) {
-        if self.lost.fire(reason) {
-            tracing::warn!(
-                lock = %self.key.name,
-                backend = self.backend.kind(),
-                token = ?self.token,
-                %reason,
-                "distlock lease lost"
-            );
+    /// Records what the server applied to a grant or renewal sent at `sent`: the deadline moves
+    /// there, earlier as well as later (the server applies a shorter TTL exactly), and the lost
+    /// signal follows. Returns the new deadline. A released lease keeps no deadline.
+    pub(crate) fn extend(&self, sent: Instant, ttl: Duration) -> Instant {
+        let deadline = self.validity(sent, ttl);
+        let mut st = self.state();
+        st.ttl = ttl;
+        st.deadline = deadline;
+        if !st.released {
+            self.lost
+                .set_deadline(Some((deadline, self.deadline_reason())));
+        }
+        deadline
+    }
+
+    pub(crate) fn renew_period(&self, ttl: Duration) -> Option<Duration> {
+        self.mode.period(ttl)
+    }
+
+    /// Marks the lease lost (the first reason stays, also one a read found at the deadline),
+    /// logs it once and, unless the server said the lock is not ours or the lease was released,
+    /// deletes it in the background (retried as a failed release is), so what the server holds
+    /// follows what the holder was told: a lease lost at its deadline or with a disconnected
+    /// session may still be held on the server, and nobody would free it before its holder's
+    /// release.
+    pub(crate) fn lose(self: &Arc<Self>, reason: LostReason) {
+        self.lost.fire(reason);
+        if self.loss_handled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let reason = self.lost.fired().unwrap_or(reason);
+        tracing::warn!(
+            lock = %self.key.name,
+            backend = self.backend.kind(),
+            token = ?self.token,
+            %reason,
+            "distlock lease lost"
+        );
+        if reason != LostReason::RenewalRefused && !self.state().released {
+            self.clone().spawn_release();
         }
     }
 
@@ -89,8 +123,9 @@ impl LeaseShared {
         }
     }
 
-    /// Drops one hold; on the last one marks the lease released and stops the watchdog before
-    /// returning, so no renewal starts after release began. Returns whether it was the last.
+    /// Drops one hold; on the last one marks the lease released (its lost signal can no longer
+    /// fire) and stops the watchdog before returning, so no renewal starts after release began.
+    /// Returns whether it was the last.
     fn drop_hold(&self) -> bool {
         let mut st = self.state();
         st.holds = st.holds.saturating_sub(1);
@@ -99,6 +134,7 @@ impl LeaseShared {
         }
         st.released = true;
         drop(st);
+        self.lost.set_deadline(None);
         self.watchdog.leave(self.member);
         if let Some((owner, key)) = &self.owner {
             owner.forget(key, self);
@@ -106,20 +142,49 @@ impl LeaseShared {
         true
     }
 
-    /// Waits for a renewal already in flight (so the release is the last word), then releases.
-    async fn release_now(&self) -> Result<bool> {
+    /// Waits for a renewal already in flight (so the release is the last word), then releases
+    /// once.
+    async fn release_once(&self) -> Result<bool> {
         let _gate = self.renew_gate.lock().await;
         let held = self.backend.release(&self.key).await;
         tracing::debug!(lock = %self.key.name, backend = self.backend.kind(), token = ?self.token, ?held, "distlock released");
         held
     }
 
-    /// Releases in a task of the lease's runtime: for `Drop`, and for a `release` whose caller
-    /// was cancelled, so nobody can cut it short.
+    /// After a failed release: tries again with back-off (the connection may come back within
+    /// a reconnect) for one renewal period, at least [`RETRY_WINDOW`]; then has the backend give
+    /// up what keeps the lock alive ([`LockBackend::abandon`]), so the server frees it within its
+    /// TTL or session timeout whatever stays unreachable.
+    async fn release_retrying(&self) {
+        let ttl = self.state().ttl;
+        let window = self.renew_period(ttl).unwrap_or(ttl / 3).max(RETRY_WINDOW);
+        let give_up = Instant::now() + window;
+        let mut pause = RETRY_FIRST;
+        loop {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RETRY_MAX);
+            match self.release_once().await {
+                Ok(_) => return,
+                Err(e) if Instant::now() < give_up => {
+                    tracing::debug!(lock = %self.key.name, error = %e, "distlock release failed, retrying");
+                }
+                Err(e) => {
+                    tracing::warn!(lock = %self.key.name, backend = self.backend.kind(), error = %e, "distlock release kept failing; giving up what keeps the lock alive");
+                    self.backend.abandon(&self.key).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Releases in a task of the lease's runtime, retrying as long as it fails: for `Drop`, a
+    /// lost lease, and a `release` whose caller was cancelled, so nobody can cut it short.
     fn spawn_release(self: Arc<Self>) {
         let rt = self.runtime.clone();
         rt.spawn(async move {
-            let _ = self.release_now().await;
+            if self.release_once().await.is_err() {
+                self.release_retrying().await;
+            }
         });
     }
 }
@@ -140,11 +205,14 @@ impl Drop for ReleaseGuard {
 ///
 /// Guarantees:
 /// * [`Lease::remaining`] is computed locally on the monotonic clock from the moment the granting
-///   request was sent, minus a drift margin, so it never overstates the server's view;
+///   (or last renewing) request was sent, for the TTL the server applied, minus the drift
+///   allowance and the lost signal's lead, so it never overstates the server's view;
 /// * the [`LostSignal`] fires as soon as the lease is known or presumed lost, and no later than
-///   the validity deadline; after that the holder must stop acting as the owner;
-/// * dropping the guard releases the lock in the background on the runtime that acquired it
-///   (no blocking, no panic); if that fails, the TTL frees the lock.
+///   the validity deadline (every read checks the deadline itself); after that the holder must
+///   stop acting as the owner;
+/// * a released, dropped or lost lease comes free on the server: the release is retried in the
+///   background while it fails, and if it keeps failing, the backend gives up what keeps the
+///   lock alive (its session), so the server frees it within its TTL or session timeout.
 pub struct Lease {
     shared: Arc<LeaseShared>,
     done: bool,
@@ -197,9 +265,14 @@ impl Lease {
         self.shared.guarantee
     }
 
-    /// The local validity deadline (monotonic clock).
+    /// The local validity deadline (monotonic clock): the lost signal fires there at the latest.
     pub fn valid_until(&self) -> Instant {
         self.shared.state().deadline
+    }
+
+    /// The TTL the server applied at the grant or the last renewal.
+    pub fn ttl(&self) -> Duration {
+        self.shared.state().ttl
     }
 
     /// Time left before the validity deadline; zero once lost. No network call.
@@ -215,7 +288,8 @@ impl Lease {
         self.shared.state().holds
     }
 
-    /// Why the lease was lost, if it was.
+    /// Why the lease was lost, if it was; a passed validity deadline counts, whether or not the
+    /// watchdog has run since (a process resumed from a pause sees it at once).
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.shared.lost.fired()
     }
@@ -225,23 +299,31 @@ impl Lease {
         self.shared.lost.subscribe()
     }
 
-    /// Resolves when the lease is lost. Cancel safe.
+    /// Resolves when the lease is lost.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future loses nothing; call again to keep waiting.
     pub async fn lost(&self) -> LostReason {
         self.lost_signal().wait().await
     }
 
-    /// Resets the lease to `ttl` (rounded up to the backend's granularity) from now.
+    /// Resets the lease to `ttl` (rounded up to the backend's granularity; etcd and ZooKeeper
+    /// leases get their session's TTL whatever is asked) from the moment the renewal is sent.
+    /// The validity becomes what the server applied, shorter than before too, and the watchdog
+    /// renews on that TTL's schedule from now on.
     ///
     /// # Errors
-    /// [`LockError::Lost`] when the lease is already lost or the backend says it is no longer
-    /// ours (the lost signal fires; nothing is re-created); [`LockError::NotHeld`] after release;
-    /// [`LockError::InvalidConfig`] for a zero TTL; backend errors as they come (the lease stays
-    /// valid until its deadline, and the watchdog keeps trying).
+    /// [`LockError::Lost`] when the lease is already lost, the backend says it is no longer ours
+    /// (the lost signal fires; nothing is re-created), or it was found lost while renewing;
+    /// [`LockError::NotHeld`] after release; [`LockError::InvalidConfig`] for a zero TTL or one
+    /// whose validity window the renewal period does not fit in (before any I/O); backend errors
+    /// as they come (the lease stays valid until its deadline, and the watchdog keeps trying).
     pub async fn renew(&self, ttl: Duration) -> Result<()> {
         if ttl.is_zero() {
             return Err(LockError::invalid_config("ttl", ttl, "must be above zero"));
         }
-        let ttl = self.shared.backend.capabilities().effective_ttl(ttl);
+        let ttl = self.shared.backend.lease_ttl(ttl);
+        self.shared.margins.check(self.shared.mode, ttl)?;
         if let Some(reason) = self.lost_reason() {
             return Err(self.shared.lost_error(reason));
         }
@@ -253,13 +335,21 @@ impl Lease {
         }
         let sent = Instant::now();
         match self.shared.backend.renew(&self.shared.key, ttl).await? {
-            Renewal::Renewed => {
-                self.shared.extend(sent, ttl);
+            Renewal::Renewed { ttl } => {
+                // The validity can only be granted while the lease was not lost meanwhile.
+                if let Some(reason) = self.lost_reason() {
+                    return Err(self.shared.lost_error(reason));
+                }
+                let deadline = self.shared.extend(sent, ttl);
+                let due = self.shared.renew_period(ttl).map(|p| sent + p);
+                self.shared
+                    .watchdog
+                    .reschedule(self.shared.member, due, deadline);
                 tracing::debug!(lock = %self.name(), backend = self.backend(), ?ttl, "distlock renewed");
                 Ok(())
             }
             Renewal::NotHeld => {
-                self.shared.mark_lost(LostReason::RenewalRefused);
+                self.shared.lose(LostReason::RenewalRefused);
                 Err(self.shared.lost_error(LostReason::RenewalRefused))
             }
         }
@@ -272,6 +362,12 @@ impl Lease {
     /// of the next holder's was touched). For an inner re-entrant guard, returns whether the
     /// lease is still valid, and the lock stays held by the outer guards.
     ///
+    /// # Errors
+    /// The backend's error when the release could not be confirmed. The lock still comes free:
+    /// the release goes on in the background (retried with back-off; if it keeps failing, the
+    /// backend gives up the session that keeps the lock alive, so the server frees it within
+    /// its TTL or session timeout).
+    ///
     /// # Cancel safety
     /// Dropping this future does not stop the release: it goes on in a background task.
     pub async fn release(mut self) -> Result<bool> {
@@ -281,8 +377,14 @@ impl Lease {
         }
         // Inline (no task hop on the hot path); a cancelled caller leaves it to a task.
         let mut guard = ReleaseGuard(Some(self.shared.clone()));
-        let held = self.shared.release_now().await;
+        let held = self.shared.release_once().await;
         guard.0 = None;
+        if held.is_err() {
+            let shared = self.shared.clone();
+            self.shared.runtime.spawn(async move {
+                shared.release_retrying().await;
+            });
+        }
         held
     }
 }
@@ -290,7 +392,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.done && self.shared.drop_hold() {
-            // Detached on purpose: Drop cannot wait. The TTL is the fallback if this fails.
+            // Detached on purpose: Drop cannot wait; the task retries a release that fails.
             self.shared.clone().spawn_release();
         }
     }

@@ -63,7 +63,7 @@ pub use fencing::{Fence, FencingToken, StaleToken};
 pub use guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
 pub use lease::Lease;
 pub use name::{HASHED_PREFIX_LEN, LockName, MAX_ENCODED_LEN, MAX_NAME_BYTES};
-pub use options::{AcquireOptions, LeaseMode};
+pub use options::{AcquireOptions, LeaseMode, Margins};
 pub use owner::{Owner, OwnerSecret};
 pub use repeat::{RepeatGrant, RepeatPrior};
 pub use signal::{LostSignal, LostTrigger, lost_signal};

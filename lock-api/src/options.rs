@@ -20,8 +20,61 @@ pub enum LeaseMode {
     Fixed,
 }
 
+impl LeaseMode {
+    /// The watchdog period for a lease of `ttl`, or `None` when the lease is fixed.
+    pub fn period(self, ttl: Duration) -> Option<Duration> {
+        match self {
+            LeaseMode::Watchdog { renew_every } => Some(renew_every.unwrap_or(ttl / 3)),
+            LeaseMode::Fixed => None,
+        }
+    }
+}
+
+/// The drift allowance and the lead of a lease (see [`AcquireOptions`]), which every validity
+/// window it ever gets is shortened by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Margins {
+    /// See [`AcquireOptions::drift_factor`].
+    pub drift_factor: f64,
+    /// See [`AcquireOptions::drift_floor`].
+    pub drift_floor: Duration,
+    /// See [`AcquireOptions::lead_factor`].
+    pub lead_factor: f64,
+    /// See [`AcquireOptions::lead_floor`].
+    pub lead_floor: Duration,
+}
+
+impl Margins {
+    /// The drift allowance for a lease of `ttl`.
+    pub fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift_factor) + self.drift_floor
+    }
+
+    /// The lost signal's lead for a lease of `ttl`.
+    pub fn lead(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.lead_factor).max(self.lead_floor)
+    }
+
+    /// `ttl` minus both margins (zero when they eat it all).
+    pub fn window(&self, ttl: Duration) -> Duration {
+        ttl.saturating_sub(self.drift(ttl) + self.lead(ttl))
+    }
+}
+
 /// Options of one acquire. `AcquireOptions::default()` is a 30 s TTL kept alive by the watchdog,
-/// efficiency grade, no owner (not re-entrant).
+/// efficiency grade, no owner (not re-entrant), a lost signal that fires 10 % of the TTL (at
+/// least 50 ms) before the server could give the lock to anyone else.
+///
+/// # The validity window
+/// A lease is valid from the moment its granting (or last renewing) request was sent, for the
+/// TTL the server applied minus two margins, both subtracted on the holder's monotonic clock:
+/// * the **drift** allowance (`ttl x drift_factor + drift_floor`), for clocks that run at
+///   slightly different rates on the holder and the server;
+/// * the **lead** (`max(ttl x lead_factor, lead_floor)`), the time the application has between
+///   its lost signal and the earliest moment the server could grant the lock to another holder:
+///   time to stop writing, on a machine whose timers may be late.
+///
+/// [`crate::Lease::valid_until`] is the end of that window, and the lost signal fires there.
 #[derive(Debug, Clone)]
 pub struct AcquireOptions {
     /// The lease time asked of the server (rounded up to the backend's TTL granularity).
@@ -37,6 +90,11 @@ pub struct AcquireOptions {
     pub drift_factor: f64,
     /// Fixed drift allowance added to the relative one (default 2 ms).
     pub drift_floor: Duration,
+    /// The lost signal's lead, as a fraction of the TTL (default 0.1): it fires this much before
+    /// the server's own expiry (on top of the drift allowance).
+    pub lead_factor: f64,
+    /// The smallest lead, whatever the TTL (default 50 ms).
+    pub lead_floor: Duration,
 }
 
 impl Default for AcquireOptions {
@@ -48,6 +106,8 @@ impl Default for AcquireOptions {
             owner: None,
             drift_factor: 0.01,
             drift_floor: Duration::from_millis(2),
+            lead_factor: 0.1,
+            lead_floor: Duration::from_millis(50),
         }
     }
 }
@@ -87,25 +147,50 @@ impl AcquireOptions {
         self
     }
 
+    /// Sets the lost signal's lead: `max(ttl x factor, floor)` before the server's expiry.
+    pub fn lead(mut self, factor: f64, floor: Duration) -> Self {
+        self.lead_factor = factor;
+        self.lead_floor = floor;
+        self
+    }
+
     /// The drift margin subtracted from a validity window of `ttl`.
     pub fn drift(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(self.drift_factor) + self.drift_floor
+        self.margins().drift(ttl)
+    }
+
+    /// The lost signal's lead for a lease of `ttl`.
+    pub fn lead_for(&self, ttl: Duration) -> Duration {
+        self.margins().lead(ttl)
+    }
+
+    /// The validity window of a lease of `ttl`: the TTL minus the drift allowance and the lead
+    /// (zero when they eat it all).
+    pub fn window(&self, ttl: Duration) -> Duration {
+        self.margins().window(ttl)
+    }
+
+    /// The two margins alone, as a lease keeps them.
+    pub fn margins(&self) -> Margins {
+        Margins {
+            drift_factor: self.drift_factor,
+            drift_floor: self.drift_floor,
+            lead_factor: self.lead_factor,
+            lead_floor: self.lead_floor,
+        }
     }
 
     /// The watchdog period for a lease of `ttl`, or `None` when the lease is fixed.
     pub fn renew_period(&self, ttl: Duration) -> Option<Duration> {
-        match self.mode {
-            LeaseMode::Watchdog { renew_every } => Some(renew_every.unwrap_or(ttl / 3)),
-            LeaseMode::Fixed => None,
-        }
+        self.mode.period(ttl)
     }
 
     /// Checks the options before any I/O.
     ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] naming the option when the TTL is zero, the drift factor is
-    /// outside `[0, 0.5)`, the drift margin eats the whole TTL, or the renewal period is zero or
-    /// not below the validity window.
+    /// [`LockError::InvalidConfig`] naming the option when the TTL is zero, the drift or lead
+    /// factor is outside `[0, 0.5)`, the margins eat the whole TTL, or the renewal period is zero
+    /// or not below the validity window.
     pub fn validate(&self) -> Result<()> {
         if self.ttl.is_zero() {
             return Err(LockError::invalid_config(
@@ -114,28 +199,63 @@ impl AcquireOptions {
                 "must be above zero",
             ));
         }
-        if !(0.0..0.5).contains(&self.drift_factor) {
+        for (key, factor) in [
+            ("drift_factor", self.drift_factor),
+            ("lead_factor", self.lead_factor),
+        ] {
+            if !(0.0..0.5).contains(&factor) {
+                return Err(LockError::invalid_config(
+                    key,
+                    factor,
+                    "must be in [0, 0.5)",
+                ));
+            }
+        }
+        self.validate_for(self.ttl)
+    }
+
+    /// Checks the options against the TTL a lease will actually get (see
+    /// [`crate::LockBackend::lease_ttl`]: etcd and ZooKeeper leases run on their session's), so
+    /// a renewal period that fits the asked TTL but not the applied one is refused before I/O.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming the option, as [`AcquireOptions::validate`].
+    pub fn validate_for(&self, ttl: Duration) -> Result<()> {
+        self.margins().check(self.mode, ttl)
+    }
+}
+
+impl Margins {
+    /// Checks that a lease of `ttl` kept as `mode` says has a validity window, and that its
+    /// renewal period (if any) falls inside it.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming the floor that leaves no window, or `renew_every`.
+    pub fn check(&self, mode: LeaseMode, ttl: Duration) -> Result<()> {
+        let window = self.window(ttl);
+        if window.is_zero() {
+            let (key, value) = if self.lead(ttl) >= self.drift(ttl) {
+                ("lead_floor", self.lead_floor)
+            } else {
+                ("drift_floor", self.drift_floor)
+            };
             return Err(LockError::invalid_config(
-                "drift_factor",
-                self.drift_factor,
-                "must be in [0, 0.5)",
+                key,
+                value,
+                format!(
+                    "with the other margins, leaves no validity window inside the ttl of {ttl:?}"
+                ),
             ));
         }
-        let validity = self.ttl.saturating_sub(self.drift(self.ttl));
-        if validity.is_zero() {
-            return Err(LockError::invalid_config(
-                "drift_floor",
-                self.drift_floor,
-                format!("leaves no validity window inside the ttl of {:?}", self.ttl),
-            ));
-        }
-        if let Some(every) = self.renew_period(self.ttl)
-            && (every.is_zero() || every >= validity)
+        if let Some(every) = mode.period(ttl)
+            && (every.is_zero() || every >= window)
         {
             return Err(LockError::invalid_config(
                 "renew_every",
                 every,
-                format!("must be above zero and below the validity window {validity:?}"),
+                format!(
+                    "must be above zero and below the validity window {window:?} of the {ttl:?} ttl the lease gets"
+                ),
             ));
         }
         Ok(())
@@ -173,6 +293,14 @@ mod tests {
                 },
                 "drift_floor",
             ),
+            (
+                AcquireOptions::with_ttl(Duration::from_millis(40)),
+                "lead_floor",
+            ),
+            (
+                AcquireOptions::default().lead(0.7, Duration::ZERO),
+                "lead_factor",
+            ),
         ];
         for (opts, key) in cases {
             match opts.validate() {
@@ -183,8 +311,32 @@ mod tests {
         AcquireOptions::default().validate().unwrap();
         AcquireOptions::with_ttl(Duration::from_millis(10))
             .fixed()
+            .lead(0.1, Duration::ZERO)
             .validate()
             .unwrap();
+    }
+
+    #[test]
+    fn the_window_leaves_drift_and_lead() {
+        let o = AcquireOptions::with_ttl(Duration::from_secs(10));
+        // 1 % + 2 ms of drift, 10 % of lead.
+        assert_eq!(o.window(o.ttl), Duration::from_millis(10_000 - 102 - 1_000));
+        // Below 500 ms the lead's 50 ms floor applies.
+        assert_eq!(
+            o.window(Duration::from_millis(200)),
+            Duration::from_millis(200 - 4 - 50)
+        );
+    }
+
+    #[test]
+    fn a_renewal_period_that_fits_the_asked_ttl_but_not_the_applied_one_is_refused() {
+        let o =
+            AcquireOptions::with_ttl(Duration::from_secs(30)).renew_every(Duration::from_secs(10));
+        o.validate().unwrap();
+        match o.validate_for(Duration::from_secs(3)) {
+            Err(LockError::InvalidConfig { key, .. }) => assert_eq!(key, "renew_every"),
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The lost signal: a one-shot broadcast a holder can select on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::error::LostReason;
 
@@ -11,7 +12,10 @@ use crate::error::LostReason;
 /// known or presumed lost. Clones observe the same signal; it can be moved into other tasks.
 ///
 /// Guarantee: for a lease, the signal fires no later than the lease's local validity deadline,
-/// which is itself before the server-side expiry. It never fires after a successful release.
+/// which is itself before the server-side expiry: every read ([`LostSignal::get`], and
+/// [`crate::Lease::lost_reason`]) checks that deadline itself, so a process resumed after a
+/// pause sees the loss before its next action, whether or not the watchdog has run since. It
+/// never fires after a release.
 #[derive(Debug, Clone)]
 pub struct LostSignal {
     shared: Arc<Shared>,
@@ -31,6 +35,36 @@ struct Shared {
     /// The trigger is gone: nothing can fire any more.
     closed: AtomicBool,
     changed: Notify,
+    /// The lease's validity deadline, and the reason to fire with once it passed (`None` for a
+    /// backend session's signal, or once released).
+    deadline: Mutex<Option<(Instant, LostReason)>>,
+}
+
+impl Shared {
+    fn deadline(&self) -> Option<(Instant, LostReason)> {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The reason, if fired, or if the deadline passed (then fired now).
+    fn get(&self) -> Option<LostReason> {
+        if let Some(r) = self.reason.get() {
+            return Some(*r);
+        }
+        let (at, reason) = self.deadline()?;
+        if Instant::now() < at || self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.fire(reason);
+        self.reason.get().copied()
+    }
+
+    fn fire(&self, reason: LostReason) -> bool {
+        let fired = self.reason.set(reason).is_ok();
+        if fired {
+            self.changed.notify_waiters();
+        }
+        fired
+    }
 }
 
 /// A new signal pair that has not fired.
@@ -47,16 +81,25 @@ pub fn lost_signal() -> (LostTrigger, LostSignal) {
 impl LostTrigger {
     /// Fires the signal. Only the first reason is kept; returns whether this call fired it.
     pub fn fire(&self, reason: LostReason) -> bool {
-        let fired = self.shared.reason.set(reason).is_ok();
-        if fired {
-            self.shared.changed.notify_waiters();
-        }
-        fired
+        self.shared.fire(reason)
     }
 
-    /// The reason, if fired.
+    /// The reason, if fired (or if the deadline set by [`LostTrigger::set_deadline`] passed).
     pub fn fired(&self) -> Option<LostReason> {
-        self.shared.reason.get().copied()
+        self.shared.get()
+    }
+
+    /// From now on the signal counts as fired with `reason` once `at` has passed, on every read
+    /// and for every waiter, even if nobody fires it. A later call moves the deadline (earlier
+    /// or later); `None` removes it (a released lease is never reported lost).
+    pub fn set_deadline(&self, deadline: Option<(Instant, LostReason)>) {
+        *self
+            .shared
+            .deadline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = deadline;
+        // Waiters sleeping until the old deadline plan again.
+        self.shared.changed.notify_waiters();
     }
 
     /// Another receiver of this signal.
@@ -84,7 +127,8 @@ impl LostSignal {
     /// without firing (nothing can fire it any more).
     pub(crate) async fn fired_or_closed(&self) -> Option<LostReason> {
         loop {
-            // Registered before looking, so a fire or a drop in between still wakes it.
+            // Registered before looking, so a fire, a drop or a new deadline in between still
+            // wakes it.
             let changed = self.shared.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
@@ -93,15 +137,23 @@ impl LostSignal {
             }
             if self.shared.closed.load(Ordering::Acquire) {
                 // A fire happens before the drop: look once more.
-                return self.get();
+                return self.shared.reason.get().copied();
             }
-            changed.await;
+            match self.shared.deadline() {
+                Some((at, _)) => {
+                    tokio::select! {
+                        _ = changed => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => changed.await,
+            }
         }
     }
 
-    /// The reason, if the signal has fired.
+    /// The reason, if the signal has fired or its lease's validity deadline has passed.
     pub fn get(&self) -> Option<LostReason> {
-        self.shared.reason.get().copied()
+        self.shared.get()
     }
 
     /// Resolves when the signal fires. Pending forever if the trigger is dropped without firing
@@ -121,7 +173,7 @@ impl LostSignal {
 mod tests {
     use std::time::Duration;
 
-    use tokio::time::timeout;
+    use tokio::time::{Instant, timeout};
 
     use super::*;
 
@@ -144,6 +196,37 @@ mod tests {
         assert_eq!(trigger.fired(), Some(LostReason::Expired));
         assert!(signal.same_as(&trigger.subscribe()));
         assert!(!signal.same_as(&lost_signal().1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_passed_deadline_counts_as_fired_on_every_read_and_wakes_waiters() {
+        let (trigger, signal) = lost_signal();
+        let start = Instant::now();
+        trigger.set_deadline(Some((start + Duration::from_secs(2), LostReason::Expired)));
+        let waiter = tokio::spawn({
+            let s = signal.clone();
+            async move { (s.wait().await, Instant::now()) }
+        });
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(signal.get(), None);
+        // A renewal moves it earlier: waiters follow.
+        trigger.set_deadline(Some((
+            start + Duration::from_millis(1_500),
+            LostReason::RenewalFailed,
+        )));
+        // Nothing fired it, yet a read after the deadline sees it (a process resumed from a
+        // pause, before its watchdog ran).
+        tokio::time::advance(Duration::from_millis(600)).await;
+        assert_eq!(signal.get(), Some(LostReason::RenewalFailed));
+        let (reason, at) = waiter.await.expect("waiter");
+        assert_eq!(reason, LostReason::RenewalFailed);
+        assert!(at >= start + Duration::from_millis(1_500));
+        // A released lease clears its deadline: never reported lost.
+        let (trigger, signal) = lost_signal();
+        trigger.set_deadline(Some((Instant::now(), LostReason::Expired)));
+        trigger.set_deadline(None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(signal.get(), None);
     }
 
     #[tokio::test]

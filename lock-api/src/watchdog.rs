@@ -7,9 +7,12 @@
 //!   *sent*; when one lease is due, every lease due within half its own period joins the same
 //!   call, so leases taken close together settle on one call per tick;
 //! * a renewal answered "not yours" fires that lease's lost signal at once;
+//! * a renewal sets the validity to what the server applied (shorter too) and the next renewal
+//!   one period after it was sent; a manual renewal reschedules the lease the same way;
 //! * a failed renewal is retried (period / 4) until the validity deadline, where the signal
-//!   fires; the call is cut off at the earliest deadline of its batch so a hung server cannot
-//!   hold a release back;
+//!   fires and the lock is released in the background; the backend answers each item by the
+//!   earliest deadline of its batch (one hung server of a cluster costs only its own leases),
+//!   so a hung server cannot hold a release back;
 //! * renewals run in their own task, so deadlines keep firing on time while a call hangs;
 //! * release removes the lease before it touches the backend, and waits for a renewal already in
 //!   flight (the lease's renew gate), so no renewal follows a release.
@@ -24,13 +27,15 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::backend::{GrantKey, LockBackend, Renewal};
-use crate::error::{LockError, LostReason};
+use crate::error::LockError;
 use crate::lease::LeaseShared;
-use crate::options::LeaseMode;
 use crate::signal::LostSignal;
 
 /// The shortest pause between two failed renewal attempts.
 const MIN_RETRY: Duration = Duration::from_millis(10);
+/// How long past its cutoff a renewal batch may run before the watchdog stops waiting for it
+/// (a backend answers by the cutoff itself; this only bounds one that does not).
+const CUTOFF_GRACE: Duration = Duration::from_millis(500);
 
 /// The renewal and deadline scheduler of one [`crate::LockClient`] (shared by its clones).
 pub(crate) struct Watchdog {
@@ -160,6 +165,22 @@ impl Watchdog {
         self.members().map.remove(&id);
     }
 
+    /// A manual renewal moved a lease's next renewal and deadline (earlier, too): plan again.
+    pub(crate) fn reschedule(&self, id: u64, due: Option<Instant>, deadline: Instant) {
+        let mut m = self.members();
+        let Some(member) = m.map.get_mut(&id) else {
+            return;
+        };
+        member.due = due;
+        member.deadline = deadline;
+        let wake_at = member.next_wake();
+        if m.sleeping_until.is_none_or(|t| wake_at < t) {
+            m.sleeping_until = Some(wake_at);
+            drop(m);
+            self.wake.notify_one();
+        }
+    }
+
     /// Fires the deadlines that passed, starts the renewals that are due, and says when to wake
     /// next.
     fn tick(self: &Arc<Self>) -> Option<Instant> {
@@ -173,7 +194,9 @@ impl Watchdog {
             let Some(lease) = member.lease.upgrade() else {
                 return false;
             };
+            // Fired elsewhere (a session, or a read past the deadline): handled once there.
             if lease.lost.fired().is_some() {
+                lost.push(lease);
                 return false;
             }
             if member.deadline <= now {
@@ -214,10 +237,7 @@ impl Watchdog {
         m.sleeping_until = next;
         drop(m);
         for lease in lost {
-            lease.mark_lost(match lease.mode {
-                LeaseMode::Watchdog { .. } => LostReason::RenewalFailed,
-                LeaseMode::Fixed => LostReason::Expired,
-            });
+            lease.lose(lease.deadline_reason());
         }
         if !batch.is_empty() {
             tokio::spawn(renew(self.clone(), batch));
@@ -289,21 +309,27 @@ async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
             .min()
             .unwrap_or_else(Instant::now);
         let sent = Instant::now();
-        let results = timeout_at(cutoff, watchdog.backend.renew_batch(&items))
-            .await
-            .unwrap_or_else(|_| Vec::new());
+        // The backend answers each item by the cutoff itself (keeping what other servers
+        // answered); the outer limit only bounds one that does not.
+        let results = timeout_at(
+            cutoff + CUTOFF_GRACE,
+            watchdog.backend.renew_batch(&items, cutoff),
+        )
+        .await
+        .unwrap_or_else(|_| Vec::new());
         let mut failed = 0usize;
         let mut first_error: Option<LockError> = None;
         let mut results = results.into_iter();
         for (id, lease, ttl, deadline) in live {
             let period = lease.renew_period(ttl).unwrap_or(ttl / 3);
             match results.next() {
-                Some(Ok(Renewal::Renewed)) => {
-                    lease.extend(sent, ttl);
-                    outcomes.push((id, Some(sent + period), lease.state().deadline));
+                Some(Ok(Renewal::Renewed { ttl })) => {
+                    let deadline = lease.extend(sent, ttl);
+                    let period = lease.renew_period(ttl).unwrap_or(ttl / 3);
+                    outcomes.push((id, Some(sent + period), deadline));
                 }
                 Some(Ok(Renewal::NotHeld)) => {
-                    lease.mark_lost(LostReason::RenewalRefused);
+                    lease.lose(crate::LostReason::RenewalRefused);
                     outcomes.push((id, None, deadline));
                 }
                 other => {
@@ -342,7 +368,7 @@ async fn watch_session(watchdog: Weak<Watchdog>, session: LostSignal) {
         .collect();
     drop(m);
     for lease in hit {
-        lease.mark_lost(reason);
+        lease.lose(reason);
     }
 }
 

@@ -36,12 +36,16 @@ impl Probe {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl LockBackend for Probe {
     fn kind(&self) -> &'static str {
         "probe"
     }
     fn capabilities(&self) -> &Capabilities {
         &self.caps
+    }
+    fn lease_ttl(&self, requested: Duration) -> Duration {
+        self.inner.lease_ttl(requested)
     }
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> distlock_api::Result<Grant> {
         self.inner.try_acquire(name, ttl).await
@@ -61,6 +65,7 @@ impl LockBackend for Probe {
     async fn renew_batch(
         &self,
         batch: &[(&GrantKey, Duration)],
+        _deadline: Instant,
     ) -> Vec<distlock_api::Result<Renewal>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         let mut out = Vec::new();
@@ -71,6 +76,9 @@ impl LockBackend for Probe {
     }
     async fn release(&self, key: &GrantKey) -> distlock_api::Result<bool> {
         self.inner.release(key).await
+    }
+    async fn abandon(&self, key: &GrantKey) {
+        self.inner.abandon(key).await
     }
 }
 
@@ -101,11 +109,12 @@ async fn lease_carries_name_token_and_local_validity() {
     assert_eq!(lease.name().as_str(), "job");
     assert!(lease.fencing_token().is_some());
     assert_eq!(lease.backend(), "memory");
-    // Measured from the send time, minus 1 % + 2 ms of drift.
+    // Measured from the send time, minus 1 % + 2 ms of drift and 10 % of lead.
     let drift = TTL.mul_f64(0.01) + Duration::from_millis(2);
-    assert_eq!(lease.valid_until(), sent + TTL - drift);
+    let lead = TTL / 10;
+    assert_eq!(lease.valid_until(), sent + TTL - drift - lead);
     advance(Duration::from_millis(500)).await;
-    assert!(lease.remaining() <= TTL - drift - Duration::from_millis(500));
+    assert!(lease.remaining() <= TTL - drift - lead - Duration::from_millis(500));
     assert!(lease.remaining() > Duration::from_secs(2));
 }
 
@@ -269,10 +278,14 @@ async fn fixed_lease_expires_locally_before_the_store() {
         .try_acquire("f", &AcquireOptions::with_ttl(TTL).fixed())
         .await
         .unwrap();
+    let acquired = Instant::now();
     let reason = lease.lost().await;
     assert_eq!(reason, LostReason::Expired);
-    // The local deadline came first: the store still shows the holder for the drift margin.
-    assert_eq!(store.artifacts(&name("f")), 1);
+    // The local deadline came first, a lead before the store's expiry; and the lock was released
+    // then, not left to the store's TTL.
+    assert!(Instant::now() + TTL / 20 < acquired + TTL);
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(store.artifacts(&name("f")), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -284,9 +297,87 @@ async fn manual_renew_extends_the_deadline() {
         .unwrap();
     advance(Duration::from_secs(2)).await;
     lease.renew(Duration::from_secs(10)).await.unwrap();
-    assert!(lease.remaining() > Duration::from_secs(9));
+    assert!(lease.remaining() > Duration::from_millis(8_800));
     advance(Duration::from_secs(5)).await;
     assert!(lease.lost_reason().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewing_to_a_shorter_ttl_shortens_the_lease_and_the_watchdog_follows() {
+    let (store, a, b, _) = pair();
+    let long = Duration::from_secs(10);
+    let short = Duration::from_millis(300);
+    // Fixed: the validity becomes the shorter one, and the holder is told before B gets it.
+    let fixed = a
+        .try_acquire("short-fixed", &AcquireOptions::with_ttl(long).fixed())
+        .await
+        .unwrap();
+    fixed.renew(short).await.unwrap();
+    assert!(fixed.remaining() <= short, "{:?}", fixed.remaining());
+    assert_eq!(fixed.ttl(), short);
+    let won = loop {
+        match b
+            .try_acquire("short-fixed", &AcquireOptions::with_ttl(long))
+            .await
+        {
+            Ok(l) => break l,
+            Err(LockError::Busy { .. }) => sleep(Duration::from_millis(5)).await,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(fixed.lost_reason(), Some(LostReason::Expired));
+    drop(won);
+    // Watchdog: it renews on the shorter TTL's schedule from now on, so the lease holds.
+    let kept = a
+        .try_acquire("short-kept", &AcquireOptions::with_ttl(long))
+        .await
+        .unwrap();
+    kept.renew(short).await.unwrap();
+    for _ in 0..20 {
+        sleep(short / 2).await;
+        assert!(kept.lost_reason().is_none());
+        assert!(matches!(
+            b.try_acquire("short-kept", &AcquireOptions::with_ttl(long))
+                .await,
+            Err(LockError::Busy { .. })
+        ));
+    }
+    assert_eq!(store.artifacts(&name("short-kept")), 1);
+    // A period that does not fit the new TTL is refused before any I/O.
+    let every = a
+        .try_acquire(
+            "short-every",
+            &AcquireOptions::with_ttl(long).renew_every(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+    match every.renew(short).await {
+        Err(LockError::InvalidConfig { key, .. }) => assert_eq!(key, "renew_every"),
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_resumed_holder_sees_its_loss_before_the_watchdog_runs() {
+    // The lease's runtime stops running tasks once `block_on` returns, as a process stopped by
+    // SIGSTOP runs none: its watchdog never gets to fire the signal.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let lease = rt.block_on(async {
+        let (_, a, _, _) = pair();
+        let opts = AcquireOptions::with_ttl(Duration::from_millis(200)).fixed();
+        a.try_acquire("paused", &opts).await.unwrap()
+    });
+    let signal = lease.lost_signal();
+    assert_eq!(lease.lost_reason(), None);
+    std::thread::sleep(Duration::from_millis(250));
+    // Resumed: the very next read says lost, whether or not the watchdog ran.
+    assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
+    assert_eq!(signal.get(), Some(LostReason::Expired));
+    assert!(lease.remaining().is_zero());
+    drop(lease);
 }
 
 #[tokio::test(start_paused = true)]
@@ -488,7 +579,11 @@ async fn waiter_gets_the_lock_when_the_holder_expires() {
         .acquire("e", &AcquireOptions::with_ttl(TTL), TTL * 2)
         .await
         .unwrap();
-    assert_eq!(Instant::now() - start, TTL);
+    // A fixed lease ends at its validity deadline (drift and lead before the store's expiry),
+    // where it is released: the waiter is granted then, not at the store's TTL.
+    let window = AcquireOptions::with_ttl(TTL).window(TTL);
+    assert_eq!(Instant::now() - start, window);
+    assert_eq!(old.lost_reason(), Some(LostReason::Expired));
     assert!(new.fencing_token() > old.fencing_token());
 }
 

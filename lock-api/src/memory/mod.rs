@@ -88,6 +88,14 @@ impl MemoryStore {
         had
     }
 
+    /// How long the store keeps the live holder of `name` if nothing renews it, if any.
+    pub fn holder_remaining(&self, name: &LockName) -> Option<Duration> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.settle(name.encoded(), now);
+        st.expiry(name.encoded()).map(|e| e - now)
+    }
+
     /// The fencing token of the live holder of `name`, if any.
     pub fn holder_token(&self, name: &LockName) -> Option<FencingToken> {
         let now = Instant::now();
@@ -284,7 +292,7 @@ impl LockBackend for MemoryBackend {
         Ok(match st.held_by(&key.resource, &key.secret, now) {
             Some(h) => {
                 h.expires = now + ttl;
-                Renewal::Renewed
+                Renewal::Renewed { ttl }
             }
             None => Renewal::NotHeld,
         })
