@@ -38,6 +38,12 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 /// Pause between tries of a request that met an unavailable member.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
+/// How often at most the endpoints are put back into the client's balancer after transport
+/// errors: its load balancer drops an endpoint whose connection failed and never takes it back
+/// by itself, so a member that was down would stay unused after it returns (seen: throughput
+/// halved after one member of three was killed and restarted).
+const READD_EVERY: Duration = Duration::from_secs(1);
+
 /// How many times cleanup of our own key is tried before the session TTL is left to do it.
 const CLEANUP_TRIES: u32 = 3;
 
@@ -109,6 +115,10 @@ struct Inner {
     lease: LeaseClient,
     options: EtcdOptions,
     endpoints: String,
+    /// The endpoints as given, to put back into the client's balancer after transport errors.
+    members: Vec<String>,
+    /// When they were last put back (at most once per [`READD_EVERY`]).
+    readded: Mutex<Option<Instant>>,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// Sessions by lease id, so renew / release find the session a grant lives on.
     sessions: Mutex<Vec<std::sync::Weak<Session>>>,
@@ -142,11 +152,18 @@ impl EtcdBackend {
             ));
         }
         let label = format!("etcd {}", endpoints.join(","));
+        // Pings only while a request or stream is open, and no more often than a stock etcd
+        // accepts (see `EtcdOptions::keepalive`); every request (watches included) needs the
+        // member to have a leader, so a member cut off from the quorum fails fast instead of
+        // holding a silent watch open. (No test shows the silent watch: a waiter behind a
+        // leaderless member times out either way, and once the member rejoins, its watch
+        // catches up; the refusal is what `wait_turn` now handles.)
         let mut connect = ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
             .with_timeout(options.op_timeout)
-            .with_keep_alive(Duration::from_secs(1), options.op_timeout)
-            .with_keep_alive_while_idle(true);
+            .with_keep_alive(options.keepalive, options.op_timeout)
+            .with_keep_alive_while_idle(false)
+            .with_require_leader(true);
         if let Some((user, password)) = &options.credentials {
             connect = connect.with_user(user.clone(), password.clone());
         }
@@ -175,6 +192,8 @@ impl EtcdBackend {
                 client,
                 options,
                 endpoints: label,
+                members: endpoints.to_vec(),
+                readded: Mutex::new(None),
                 session: tokio::sync::Mutex::new(None),
                 sessions: Mutex::new(Vec::new()),
                 repeat: RepeatGrant::default(),
@@ -196,10 +215,13 @@ impl EtcdBackend {
         etcd_error(&self.inner.endpoints, e)
     }
 
-    /// Runs `op` on a clone of `client` (one of ours), cut off after `op_timeout` in total. An
-    /// `Unavailable` answer (a member that is down or has no leader) is retried meanwhile, so a
-    /// request that the client routed to a dead member goes to a live one; every operation here
-    /// is safe to repeat.
+    /// Runs `op` on a clone of `client` (one of ours), cut off after `op_timeout` in total. A
+    /// transport failure (a member that is down, has no leader, reset the connection or timed
+    /// out a proposal: [`transient`]) is retried meanwhile, so a request that the client routed
+    /// to a dead member goes to a live one. Every operation sent through here is safe to repeat:
+    /// reads, keep-alives, watches, and writes that are conditional on their own outcome (the
+    /// enqueue finds its own key, a delete compares the key's value). The one exception, a lease
+    /// grant, leaves at worst an unused lease that expires after its TTL.
     async fn call<C, T, F, Fut>(&self, client: &C, mut op: F) -> Result<T>
     where
         C: Clone,
@@ -210,7 +232,8 @@ impl EtcdBackend {
         loop {
             match timeout_at(deadline, op(client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if unavailable(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                Ok(Err(e)) if transient(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                    self.readd_members().await;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Ok(Err(e)) => return Err(self.err(e)),
@@ -221,6 +244,34 @@ impl EtcdBackend {
                         format!("no answer within {:?}", self.inner.options.op_timeout),
                     ));
                 }
+            }
+        }
+    }
+
+    /// Deletes `key` if its value is `secret` (the attempt that wrote it); returns whether it
+    /// did. A key path is reused by the session's next attempt on the name once freed, so a
+    /// plain delete that arrives late (a timed-out try that etcd still applies, a background
+    /// clean-up racing the next acquire) could delete the next grant's key: the compare makes a
+    /// late delete find nothing. Safe to repeat, one round trip like a plain delete.
+    async fn delete_ours(&self, key: &str, secret: &str) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::value(key, CompareOp::Equal, secret)])
+            .and_then([TxnOp::delete(key, None)]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Puts every endpoint back into the client's balancer (see [`READD_EVERY`]).
+    async fn readd_members(&self) {
+        {
+            let mut last = self.inner.readded.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < READD_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        for member in &self.inner.members {
+            if let Err(e) = self.inner.client.add_endpoint(member).await {
+                tracing::debug!(member, error = %e, "distlock etcd: could not put an endpoint back");
             }
         }
     }
@@ -397,9 +448,21 @@ impl EtcdBackend {
         deadline: Instant,
     ) -> Result<bool> {
         let session_lost = session.lost_signal();
+        let mut refused = false;
         loop {
             if ahead.at.is_some() && ahead.done() {
                 return Ok(ahead.alive && !session.is_lost());
+            }
+            // A watch refused or broken by the member (no leader, connection reset) is made
+            // again after a pause, until the deadline: the member may recover or the client
+            // reach another one.
+            if std::mem::take(&mut refused) {
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                    _ = tokio::time::sleep_until(deadline) => {
+                        return Err(LockError::Timeout { name: String::new(), waited: Duration::ZERO });
+                    }
+                }
             }
             let follows = ahead.follows().map(<[u8]>::to_vec);
             let watched = follows
@@ -418,6 +481,13 @@ impl EtcdBackend {
             loop {
                 tokio::select! {
                     msg = watch.message() => match msg {
+                        // Compacted, refused (created and cancelled at once) or ended: watch
+                        // again, then read.
+                        Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => {
+                            ahead.at = None;
+                            refused = w.canceled();
+                            break;
+                        }
                         Ok(Some(w)) if w.created() => {
                             let from = w.header().map_or(i64::MAX, |h| h.revision());
                             if ahead.at.is_none_or(|at| from > at) {
@@ -426,11 +496,6 @@ impl EtcdBackend {
                                     break;
                                 }
                             }
-                        }
-                        // Compacted, cancelled or ended: watch again, then read.
-                        Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => {
-                            ahead.at = None;
-                            break;
                         }
                         Ok(Some(w)) => {
                             let gone = ahead.apply(&w, key.as_bytes());
@@ -445,6 +510,12 @@ impl EtcdBackend {
                         }
                         Ok(None) => {
                             ahead.at = None;
+                            refused = true;
+                            break;
+                        }
+                        Err(e) if transient(&e) => {
+                            ahead.at = None;
+                            refused = true;
                             break;
                         }
                         Err(e) => return Err(self.err(e)),
@@ -478,6 +549,7 @@ impl EtcdBackend {
             prefix: prefix.clone(),
             slot,
             key: Some(key.clone()),
+            secret: secret.expose_hex(),
             unsure: false,
         };
         // The put is polled right here (a task of its own cost ~30 us of thread hops per
@@ -541,15 +613,18 @@ impl EtcdBackend {
 }
 
 /// Our attempt key while we are not (yet) its holder: dropped armed (try-acquire lost, timeout,
-/// error, or the acquire future was dropped), it deletes the key in the background, retried and
-/// bounded, and gives its slot back once the delete went through; the session TTL is the
-/// fallback (and the slot then stays taken, so the key is never reused while it may exist).
+/// error, or the acquire future was dropped, also while [`QueuedKey::remove`] was deleting it),
+/// it deletes the key in the background, retried and bounded, and gives its slot back once the
+/// delete went through; the session TTL is the fallback (and the slot then stays taken, so the
+/// key is never reused while it may exist).
 struct QueuedKey {
     backend: EtcdBackend,
     session: Arc<Session>,
     prefix: String,
     slot: u64,
     key: Option<String>,
+    /// The key's value: the attempt's secret, which the delete compares (see [`delete_ours`]).
+    secret: String,
     /// The put got no answer (error or timeout), so it may still land: a delete that finds
     /// nothing looks once more after `op_timeout`.
     unsure: bool,
@@ -557,9 +632,12 @@ struct QueuedKey {
 
 impl QueuedKey {
     /// Deletes the key now (the caller waits), so a failed acquire returns with nothing left.
+    /// The key stays armed until the delete is done: a caller dropped meanwhile leaves it to
+    /// the background.
     async fn remove(mut self) {
-        if let Some(key) = self.key.take() {
+        if let Some(key) = self.key.clone() {
             self.delete(&key).await;
+            self.key = None;
         }
     }
 
@@ -567,14 +645,8 @@ impl QueuedKey {
         let mut unsure = self.unsure;
         let mut attempt = 0;
         while attempt < CLEANUP_TRIES {
-            match self
-                .backend
-                .call(&self.backend.inner.kv, |mut c| async move {
-                    c.delete(key, None).await
-                })
-                .await
-            {
-                Ok(d) if d.deleted() == 0 && unsure => {
+            match self.backend.delete_ours(key, &self.secret).await {
+                Ok(false) if unsure => {
                     unsure = false;
                     tokio::time::sleep(self.backend.inner.options.op_timeout).await;
                 }
@@ -635,6 +707,7 @@ impl Drop for QueuedKey {
             prefix: std::mem::take(&mut self.prefix),
             slot: self.slot,
             key: None,
+            secret: std::mem::take(&mut self.secret),
             unsure: self.unsure,
         };
         rt.spawn(async move { rest.delete(&key).await });
@@ -650,11 +723,14 @@ fn newest_keys(limit: usize) -> GetOptions {
         .with_keys_only()
 }
 
-/// A member is down or has no leader: another member may answer.
-fn unavailable(e: &etcd_client::Error) -> bool {
+/// The request met a transport failure or a member that cannot serve it now, so another try
+/// (on another member, or after a reconnect) may succeed: gRPC UNAVAILABLE (down, no leader),
+/// UNKNOWN and INTERNAL (how a reset or broken HTTP/2 connection surfaces: "transport error",
+/// "h2 protocol error"), CANCELLED (a stream cut with its connection) and DEADLINE_EXCEEDED
+/// (etcd's "request timed out" while a proposal waits for a leader).
+fn transient(e: &etcd_client::Error) -> bool {
     match e {
-        // gRPC UNAVAILABLE (14).
-        etcd_client::Error::GRpcStatus(s) => s.code() as i32 == 14,
+        etcd_client::Error::GRpcStatus(s) => matches!(s.code() as i32, 1 | 2 | 4 | 13 | 14),
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         _ => false,
     }
@@ -686,6 +762,11 @@ impl LockBackend for EtcdBackend {
         &CAPABILITIES
     }
 
+    /// Every lock of a client lives on its session lease: the session TTL, whatever is asked.
+    fn lease_ttl(&self, _requested: Duration) -> Duration {
+        Duration::from_secs(self.inner.options.session_ttl_secs() as u64)
+    }
+
     async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
         self.acquire_inner(name, None).await
     }
@@ -697,7 +778,8 @@ impl LockBackend for EtcdBackend {
     /// A keep-alive of the session lease, then a check that our key is still there: the lease
     /// TTL counts from this renewal's send time; a missing key or lease is "not held".
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        distlock_api::renew_as_batch(self, key, ttl).await
+        let deadline = Instant::now() + self.inner.options.op_timeout;
+        distlock_api::renew_as_batch(self, key, ttl, deadline).await
     }
 
     /// Session level: per session (a client has one), a keep-alive and a `LeaseTimeToLive` that
@@ -705,7 +787,11 @@ impl LockBackend for EtcdBackend {
     /// number of leases. A lease is renewed when its session answered the keep-alive and its key
     /// is still attached and its slot is held with the grant's secret (the path names our lease
     /// and that slot, so attached means ours; a key deleted by anyone else is "not held").
-    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+    async fn renew_batch(
+        &self,
+        batch: &[(&GrantKey, Duration)],
+        deadline: Instant,
+    ) -> Vec<Result<Renewal>> {
         let mut sessions: Vec<(i64, Option<Arc<Session>>)> = Vec::new();
         for (key, _) in batch {
             if let Some(lease) = parse_attempt_key(&key.resource).map(|(l, _)| l)
@@ -714,7 +800,7 @@ impl LockBackend for EtcdBackend {
                 sessions.push((lease, self.session_of(lease).filter(|s| !s.is_lost())));
             }
         }
-        let deadline = Instant::now() + self.inner.options.op_timeout;
+        let deadline = deadline.min(Instant::now() + self.inner.options.op_timeout);
         let checks = join_all(sessions.iter().map(|(lease, session)| async move {
             let Some(session) = session else {
                 return Ok(None);
@@ -723,14 +809,22 @@ impl LockBackend for EtcdBackend {
                 c.time_to_live(*lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
                     .await
             });
-            let (alive, keys) = tokio::join!(timeout_at(deadline, session.refresh()), keys);
-            let alive = alive
-                .map_err(|_| {
-                    LockError::backend(self.inner.endpoints.clone(), true, "keep-alive timed out")
-                })?
-                .map_err(|e| self.err(e))?;
-            let keys = keys?;
-            Ok::<_, LockError>((alive && keys.ttl() > 0).then(|| keys.keys().to_vec()))
+            let (alive, keys) = tokio::join!(
+                timeout_at(deadline, session.refresh()),
+                timeout_at(deadline, keys)
+            );
+            let late = || {
+                LockError::backend(
+                    self.inner.endpoints.clone(),
+                    true,
+                    "no answer by the renewal deadline",
+                )
+            };
+            let alive = alive.map_err(|_| late())?.map_err(|e| self.err(e))?;
+            let keys = keys.map_err(|_| late())??;
+            Ok::<_, LockError>(
+                (alive && keys.ttl() > 0).then(|| (keys.keys().to_vec(), session.ttl)),
+            )
         }))
         .await;
         batch
@@ -749,9 +843,10 @@ impl LockBackend for EtcdBackend {
                 match at.map(|i| &checks[i]) {
                     None | Some(Ok(None)) => Ok(Renewal::NotHeld),
                     Some(Err(e)) => Err(e.for_each_item()),
-                    Some(Ok(Some(attached))) => {
+                    Some(Ok(Some((attached, ttl)))) => {
                         Ok(if attached.iter().any(|k| k == key.resource.as_bytes()) {
-                            Renewal::Renewed
+                            // The session's TTL, from the keep-alive sent with this renewal.
+                            Renewal::Renewed { ttl: *ttl }
                         } else {
                             Renewal::NotHeld
                         })
@@ -774,26 +869,33 @@ impl LockBackend for EtcdBackend {
             return Ok(false);
         };
         let Some(session) = self.session_of(lease) else {
-            let txn = Txn::new()
-                .when([Compare::value(path, CompareOp::Equal, secret)])
-                .and_then([TxnOp::delete(path, None)]);
-            return Ok(self.txn(txn).await?.succeeded());
+            return self.delete_ours(path, &secret).await;
         };
         let prefix = self.name_prefix(&key.name);
         if !path.starts_with(&prefix) || !session.holds_slot(&prefix, slot, &secret) {
             return Ok(false);
         }
-        let deleted = self
-            .call(
-                &self.inner.kv,
-                |mut c| async move { c.delete(path, None).await },
-            )
-            .await?;
-        session.free_slot(&prefix, slot);
-        if deleted.deleted() > 0 {
+        let deleted = self.delete_ours(path, &secret).await?;
+        // Recorded before the slot is given back: once it is, the next acquire of the name may
+        // reuse the path, and a release recorded after that grant would mark it released
+        // instead (and let a later acquire skip its queue read beside it). No test can force
+        // a second acquire between these two lines, so the order is the guarantee.
+        if deleted {
             self.inner.repeat.released(path);
         }
-        Ok(deleted.deleted() > 0)
+        session.free_slot(&prefix, slot);
+        Ok(deleted)
+    }
+
+    /// Gives up the session `key`'s lock lives on: it is marked lost (every lease on it fires
+    /// its lost signal), no keep-alive is sent for it any more, and a revoke is tried, so etcd
+    /// frees its keys within the session TTL at the latest. Later acquires start a new session.
+    async fn abandon(&self, key: &GrantKey) {
+        if let Some(session) =
+            parse_attempt_key(&key.resource).and_then(|(l, _)| self.session_of(l))
+        {
+            session.abandon();
+        }
     }
 }
 

@@ -15,6 +15,12 @@ pub struct EtcdOptions {
     pub op_timeout: Duration,
     /// Connecting is cut off after this. Default 5 s.
     pub connect_timeout: Duration,
+    /// HTTP/2 ping interval on a connection with a request or stream open (none is sent on an
+    /// idle connection). A stock etcd refuses pings more often than every 5 s
+    /// (`--grpc-keepalive-min-time`) and closes the connection (`too_many_pings`), so this stays
+    /// above that; a dead connection is found by the session's own keep-alive (every TTL / 3)
+    /// and by `op_timeout` anyway. Default 10 s.
+    pub keepalive: Duration,
     /// User and password for etcd authentication.
     pub credentials: Option<(String, String)>,
     /// TLS to the members (then endpoints are dialled over HTTPS).
@@ -53,6 +59,7 @@ impl std::fmt::Debug for EtcdOptions {
             .field("session_ttl", &self.session_ttl)
             .field("op_timeout", &self.op_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("keepalive", &self.keepalive)
             .field(
                 "credentials",
                 &self
@@ -71,6 +78,7 @@ impl Default for EtcdOptions {
             session_ttl: Duration::from_secs(10),
             op_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            keepalive: Duration::from_secs(10),
             credentials: None,
             tls: None,
         }

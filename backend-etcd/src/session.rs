@@ -105,6 +105,26 @@ impl Session {
         }
     }
 
+    /// Gives the session up: lost from now on (every lease on it is told), never kept alive
+    /// again, and revoked if etcd can be reached, so its keys go within its TTL at the latest.
+    pub(crate) fn abandon(&self) {
+        self.mark_lost();
+        if let Some(task) = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+        self.revoke_in_background();
+    }
+
+    fn revoke_in_background(&self) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (mut client, lease) = (self.client.clone(), self.lease);
+            rt.spawn(async move {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(lease)).await;
+            });
+        }
+    }
+
     /// The send time of the last confirmed refresh: lock validity counts from here.
     pub(crate) fn refreshed(&self) -> Instant {
         *self.refreshed.lock().unwrap_or_else(|p| p.into_inner())
@@ -163,13 +183,7 @@ impl Drop for Session {
             task.abort();
         }
         // Revoking frees every key of the session at once; if it fails, the TTL does it.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (mut client, lease) = (self.client.clone(), self.lease);
-            rt.spawn(async move {
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(lease)).await;
-            });
-        }
+        self.revoke_in_background();
     }
 }
 

@@ -1,6 +1,6 @@
 //! The scheme this crate serves and its options, read from a [`BackendUrl`]:
 //! `etcd://[user:password@]h1:p1,h2:p2[/prefix]` with `session_ttl`, `op_timeout`,
-//! `connect_timeout`, `user` / `password` (instead of the authority's), and TLS with
+//! `connect_timeout`, `keepalive`, `user` / `password` (instead of the authority's), and TLS with
 //! `ca=<pem path>` (plus `cert=` and `key=` for a client certificate, `tls_domain=`).
 
 use distlock_api::Result;
@@ -24,6 +24,7 @@ pub fn from_url(url: &mut BackendUrl) -> Result<(Vec<String>, EtcdOptions)> {
     url.take_duration("session_ttl", &mut o.session_ttl)?;
     url.take_duration("op_timeout", &mut o.op_timeout)?;
     url.take_duration("connect_timeout", &mut o.connect_timeout)?;
+    url.take_duration("keepalive", &mut o.keepalive)?;
     let (ca, client_identity) = url.take_tls_files()?;
     match (ca, client_identity) {
         (Some(ca_pem), client_identity) => {
