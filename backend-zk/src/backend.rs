@@ -1,7 +1,8 @@
 //! [`ZkBackend`]: the lock contract over a ZooKeeper ensemble.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -9,11 +10,13 @@ use distlock_api::{
     Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
     LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, Result, Wakeup,
 };
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, timeout, timeout_at};
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState, Stat};
 
 use crate::config::{NodeAcl, ZkOptions};
-use crate::paths::{LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, sequence};
+use crate::paths::{
+    LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, queue_order, sequence,
+};
 use crate::session::Epoch;
 
 /// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
@@ -44,6 +47,11 @@ struct Inner {
     connect: String,
     options: ZkOptions,
     epoch: tokio::sync::Mutex<Option<Arc<Epoch>>>,
+    /// The session timeout the server negotiated for the latest session, in ms: every lease's TTL.
+    negotiated_ms: AtomicU64,
+    /// The session each granted node lives on, until its release went through: what
+    /// [`LockBackend::abandon`] gives up (never another session's).
+    granted: Mutex<HashMap<String, i64>>,
     /// ZooKeeper gives every write of the ensemble the next zxid (a session's start and end
     /// too), so a czxid gap of 2 proves a repeat grant (see [`RepeatGrant`]).
     repeat: RepeatGrant,
@@ -82,8 +90,10 @@ impl ZkBackend {
         let backend = ZkBackend {
             inner: Arc::new(Inner {
                 connect: connect.to_string(),
-                options,
+                options: options.clone(),
                 epoch: tokio::sync::Mutex::new(None),
+                negotiated_ms: AtomicU64::new(options.session_timeout.as_millis() as u64),
+                granted: Mutex::new(HashMap::new()),
                 repeat: RepeatGrant::default(),
             }),
         };
@@ -200,9 +210,50 @@ impl ZkBackend {
         let client = self
             .call(self.connector().connect(&self.inner.connect))
             .await?;
+        self.inner.negotiated_ms.store(
+            client.session_timeout().as_millis() as u64,
+            Ordering::Relaxed,
+        );
         let next = Epoch::start(client, self.inner.options.on_disconnect);
         *current = Some(next.clone());
         Ok(next)
+    }
+
+    /// The live epoch; while the connection is down, waits (up to `op_timeout`) for it to come
+    /// back, or for the session to turn out expired or closed (`Ok(None)`: every node of that
+    /// session is gone with it).
+    async fn epoch_settled(&self) -> Result<Option<Arc<Epoch>>> {
+        let waiting = match self.epoch().await {
+            Ok(e) => return Ok(Some(e)),
+            Err(e) => e,
+        };
+        let Some(client) = self
+            .inner
+            .epoch
+            .lock()
+            .await
+            .as_ref()
+            .map(|e| e.client.clone())
+        else {
+            return Err(waiting);
+        };
+        let mut states = client.state_watcher();
+        let settled = timeout(self.inner.options.op_timeout, async {
+            let mut state = client.state();
+            loop {
+                match state {
+                    SessionState::Disconnected => state = states.changed().await,
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => return true,
+                    _ => return false,
+                }
+            }
+        })
+        .await;
+        match settled {
+            Ok(true) => self.epoch().await.map(Some),
+            Ok(false) => Ok(None),
+            Err(_) => Err(waiting),
+        }
     }
 
     fn acls(&self) -> Acls<'static> {
@@ -254,7 +305,7 @@ impl ZkBackend {
             } else {
                 let list = epoch.client.list_children(dir);
                 let (created, listed) = tokio::join!(self.call(create), self.call(list));
-                (created, listed.ok().map(in_order))
+                (created, listed.ok())
             };
             match created {
                 Ok((stat, seq)) => {
@@ -263,7 +314,7 @@ impl ZkBackend {
                         Some(p) if self.inner.repeat.proves_alone(p, stat.czxid) => {
                             path.rsplit('/').next().map(|node| vec![node.to_string()])
                         }
-                        _ => listed,
+                        _ => listed.map(|children| in_order(children, &path)),
                     };
                     return Ok((path, stat, listed));
                 }
@@ -312,9 +363,30 @@ impl ZkBackend {
         Ok(None)
     }
 
-    /// The queue of `dir` in sequence order, as node names.
-    async fn queue(&self, client: &Client, dir: &str) -> Result<Vec<String>> {
-        Ok(in_order(self.call(client.list_children(dir)).await?))
+    /// The queue of `dir` in creation order as seen from our node `path`, as node names.
+    async fn queue(&self, client: &Client, dir: &str, path: &str) -> Result<Vec<String>> {
+        Ok(in_order(self.call(client.list_children(dir)).await?, path))
+    }
+
+    /// Proves our node `path` alive now, through the ensemble's leader: a `sync` (which a
+    /// follower cut off from the leader cannot complete, and the leader refuses for an expired
+    /// session), then a read of the node, sent right behind it (one round trip). Returns the
+    /// send time, from which the session counts at least its timeout again.
+    async fn prove_alive(&self, epoch: &Epoch, path: &str) -> Result<Instant> {
+        let sent = Instant::now();
+        let (synced, stat) = tokio::join!(
+            self.call(epoch.client.sync(path)),
+            self.call(epoch.client.check_stat(path))
+        );
+        synced?;
+        match stat? {
+            Some(stat) if stat.ephemeral_owner == epoch.session_id() => Ok(sent),
+            _ => Err(LockError::backend(
+                self.label(),
+                true,
+                "our queue node vanished (session lost?)",
+            )),
+        }
     }
 
     async fn acquire_inner(&self, name: &LockName, deadline: Option<Instant>) -> Result<Grant> {
@@ -343,24 +415,46 @@ impl ZkBackend {
             }
         };
         queued.path = Some(path.clone());
-        let outcome = self.wait_turn(&epoch, &dir, &path, listed, deadline).await;
+        let outcome = self
+            .wait_turn(&epoch, &dir, &path, listed, sent, deadline)
+            .await;
+        // The session counts its timeout from the last request of ours it answered. After a
+        // long wait that may be far back (a waiter that waited longer than the session timeout
+        // would get a lease already lost): prove the node alive again, through the leader.
+        let session = epoch.client.session_timeout();
         let outcome = match outcome {
-            Ok(()) => Ok(()),
-            Err(LockError::Timeout { .. }) => Err(LockError::Timeout {
-                name: name.to_string(),
-                waited: started.elapsed(),
-            }),
-            Err(LockError::Busy { .. }) => Err(LockError::Busy {
-                name: name.to_string(),
-            }),
-            Err(e) => Err(e),
+            Ok(confirmed) if confirmed + session / 3 < Instant::now() => {
+                self.prove_alive(&epoch, &path).await
+            }
+            other => other,
         };
-        if let Err(e) = outcome {
-            queued.remove().await;
-            return Err(e);
-        }
+        let sent = match outcome {
+            Ok(confirmed) => confirmed,
+            Err(LockError::Timeout { .. }) => {
+                queued.remove().await;
+                return Err(LockError::Timeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                });
+            }
+            Err(LockError::Busy { .. }) => {
+                queued.remove().await;
+                return Err(LockError::Busy {
+                    name: name.to_string(),
+                });
+            }
+            Err(e) => {
+                queued.remove().await;
+                return Err(e);
+            }
+        };
         queued.armed = false;
         self.inner.repeat.granted(&dir, &path, stat.czxid);
+        self.inner
+            .granted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path.clone(), epoch.session_id());
         Ok(Grant {
             key: GrantKey {
                 name: name.clone(),
@@ -368,31 +462,41 @@ impl ZkBackend {
                 secret,
             },
             token: Some(FencingToken(stat.czxid as u64)),
-            ttl: epoch.client.session_timeout(),
+            ttl: session,
             sent_at: sent,
             session: Some(epoch.lost_signal()),
         })
     }
 
     /// Waits until our node is the lowest, watching only the next lower node (the first time,
-    /// `listed` may already hold the queue). When that node headed our last listing and is
-    /// deleted, we are next without listing again (see below); any other event re-lists.
-    /// Before success, checks our epoch is still alive (while it is, our ephemeral node is
-    /// there).
+    /// `listed` may already hold the queue, read by the create sent at `sent`). When that node
+    /// headed our last listing and is deleted, we are next without listing again (see below);
+    /// any other event re-lists. Before success, checks our epoch is still alive (while it is,
+    /// our ephemeral node is there). Returns the send time of the last request whose answer
+    /// showed our session alive (a listing with our node, or the check on our predecessor).
     async fn wait_turn(
         &self,
         epoch: &Epoch,
         dir: &str,
         path: &str,
         mut listed: Option<Vec<String>>,
+        sent: Instant,
         deadline: Option<Instant>,
-    ) -> Result<()> {
+    ) -> Result<Instant> {
         let ours = path.rsplit('/').next().unwrap_or_default().to_string();
         let lost = epoch.lost_signal();
+        let mut confirmed = sent;
         loop {
             let queue = match listed.take() {
                 Some(q) => q,
-                None => self.queue(&epoch.client, dir).await?,
+                None => {
+                    let asked = Instant::now();
+                    let q = self.queue(&epoch.client, dir, path).await?;
+                    if q.contains(&ours) {
+                        confirmed = asked;
+                    }
+                    q
+                }
             };
             let Some(pos) = queue.iter().position(|c| *c == ours) else {
                 return Err(LockError::backend(
@@ -409,7 +513,7 @@ impl ZkBackend {
                         "the session epoch ended while waiting",
                     ));
                 }
-                return Ok(());
+                return Ok(confirmed);
             }
             let Some(deadline) = deadline else {
                 return Err(LockError::Busy {
@@ -417,7 +521,9 @@ impl ZkBackend {
                 });
             };
             let pred = format!("{dir}/{}", queue[pos - 1]);
+            let asked = Instant::now();
             let (stat, watcher) = self.call(epoch.client.check_and_watch_stat(&pred)).await?;
+            confirmed = asked;
             if stat.is_none() {
                 continue;
             }
@@ -445,14 +551,20 @@ impl ZkBackend {
     }
 }
 
-/// Queue nodes (ours and others', not foreign children) in sequence order.
-fn in_order(children: Vec<String>) -> Vec<String> {
-    let mut queue: Vec<String> = children
+/// Queue nodes (ours and others', not foreign children) in creation order, as seen from our own
+/// node `path` (see [`queue_order`]: the sequence suffix wraps).
+fn in_order(children: Vec<String>, path: &str) -> Vec<String> {
+    let reference = path
+        .rsplit('/')
+        .next()
+        .and_then(sequence)
+        .unwrap_or_default();
+    let mut queue: Vec<(u32, String)> = children
         .into_iter()
-        .filter(|c| sequence(c).is_some())
+        .filter_map(|c| Some((queue_order(sequence(&c)?, reference), c)))
         .collect();
-    queue.sort_by_key(|c| sequence(c));
-    queue
+    queue.sort_unstable_by_key(|(key, _)| *key);
+    queue.into_iter().map(|(_, c)| c).collect()
 }
 
 fn is_zk(e: &LockError, pred: impl Fn(&ZkError) -> bool) -> bool {
@@ -480,16 +592,18 @@ struct QueuedNode {
 }
 
 impl QueuedNode {
+    /// Deletes our node now (the caller waits). It stays armed until the delete is done: a
+    /// caller dropped meanwhile leaves it to the background.
     async fn remove(mut self) {
-        self.armed = false;
         cleanup(
             &self.backend,
             &self.epoch,
             &self.dir,
             &self.secret,
-            self.path.take(),
+            self.path.clone(),
         )
         .await;
+        self.armed = false;
     }
 }
 
@@ -566,27 +680,56 @@ impl LockBackend for ZkBackend {
         self.acquire_inner(name, Some(deadline)).await
     }
 
-    /// The session heartbeat is the renewal; this checks the session is alive and our node still
-    /// holds our secret.
+    /// The session heartbeat is the renewal; this proves the session alive through the leader
+    /// and our node still there.
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        distlock_api::renew_as_batch(self, key, ttl).await
+        let deadline = Instant::now() + self.inner.options.op_timeout;
+        distlock_api::renew_as_batch(self, key, ttl, deadline).await
     }
 
-    /// Session level: the session heartbeat keeps every node alive, so a renewal only confirms,
-    /// with one `getEphemerals` under the root (one round trip whatever the number of leases),
-    /// that each node is still an ephemeral of this session. A node's path carries a digest of
-    /// its secret and our session created it, so listed means ours; a node deleted by anyone
-    /// else is "not held".
-    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+    /// Every lease lives on the session: its negotiated timeout, whatever is asked.
+    fn lease_ttl(&self, _requested: Duration) -> Duration {
+        Duration::from_millis(self.inner.negotiated_ms.load(Ordering::Relaxed))
+    }
+
+    /// Session level: the session heartbeat keeps every node alive, so a renewal only confirms
+    /// that each node is still an ephemeral of this session, in one round trip whatever the
+    /// number of leases: a `sync`, then `getEphemerals` under the root sent right behind it. The
+    /// `sync` goes through the leader: a server answers reads from its own copy, so a follower
+    /// cut off from the leader (whose clients' pings it still answers) would keep confirming
+    /// nodes the leader already deleted with the expired session, for up to `syncLimit x
+    /// tickTime`; it cannot complete a `sync`, and the leader refuses one for an expired
+    /// session. The validity is the negotiated session timeout from this renewal's send time.
+    /// A node's path carries a digest of its secret and our session created it, so listed means
+    /// ours; a node deleted by anyone else is "not held".
+    async fn renew_batch(
+        &self,
+        batch: &[(&GrantKey, Duration)],
+        deadline: Instant,
+    ) -> Vec<Result<Renewal>> {
+        let root = &self.inner.options.root;
         let listed = match self.epoch().await {
             Ok(epoch) => {
-                self.call(epoch.client.list_ephemerals(&self.inner.options.root))
-                    .await
+                let (synced, listed) = tokio::join!(
+                    self.call(epoch.client.sync(root)),
+                    self.call(epoch.client.list_ephemerals(root))
+                );
+                let both = synced
+                    .and(listed)
+                    .map(|l| (l, epoch.client.session_timeout()));
+                match timeout_at(deadline, async { both }).await {
+                    Ok(r) => r,
+                    Err(_) => Err(LockError::backend(
+                        self.label(),
+                        true,
+                        "no answer by the renewal deadline",
+                    )),
+                }
             }
             Err(e) => Err(e),
         };
-        let ours: HashSet<&str> = match &listed {
-            Ok(paths) => paths.iter().map(String::as_str).collect(),
+        let (ours, ttl): (HashSet<&str>, Duration) = match &listed {
+            Ok((paths, ttl)) => (paths.iter().map(String::as_str).collect(), *ttl),
             Err(e) => return batch.iter().map(|_| Err(e.for_each_item())).collect(),
         };
         batch
@@ -595,7 +738,7 @@ impl LockBackend for ZkBackend {
                 Ok(
                     if owned_by(&key.resource, &key.secret) && ours.contains(key.resource.as_str())
                     {
-                        Renewal::Renewed
+                        Renewal::Renewed { ttl }
                     } else {
                         Renewal::NotHeld
                     },
@@ -605,18 +748,52 @@ impl LockBackend for ZkBackend {
     }
 
     /// Deletes our node. A secret that does not match the path is refused without a server call.
+    /// While the connection is down, waits up to `op_timeout` for it: a session found expired
+    /// took our ephemeral node with it, so that is "not held", not an error.
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         if !owned_by(&key.resource, &key.secret) {
             return Ok(false);
         }
-        let client = self.client().await?;
-        match self.call(client.delete(&key.resource, None)).await {
+        let Some(epoch) = self.epoch_settled().await? else {
+            self.forget(&key.resource);
+            return Ok(false);
+        };
+        let held = match self.call(epoch.client.delete(&key.resource, None)).await {
             Ok(()) => {
                 self.inner.repeat.released(&key.resource);
-                Ok(true)
+                true
             }
-            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => Ok(false),
-            Err(e) => Err(e),
+            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => false,
+            Err(e) => return Err(e),
+        };
+        self.forget(&key.resource);
+        Ok(held)
+    }
+
+    /// Closes the session `key`'s node lives on, if it is still the current one: the epoch ends
+    /// (every lease on it is told) and the client is dropped, which closes the session (the
+    /// server deletes its nodes at once) or, unreachable, lets it expire after its timeout.
+    async fn abandon(&self, key: &GrantKey) {
+        let Some(session) = self.forget(&key.resource) else {
+            return;
+        };
+        let mut current = self.inner.epoch.lock().await;
+        if let Some(epoch) = current.as_ref()
+            && epoch.session_id() == session
+        {
+            epoch.end(distlock_api::LostReason::SessionLost);
+            *current = None;
         }
+    }
+}
+
+impl ZkBackend {
+    /// Stops tracking a node's session (released, or gone with it); returns that session.
+    fn forget(&self, path: &str) -> Option<i64> {
+        self.inner
+            .granted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(path)
     }
 }

@@ -12,6 +12,13 @@
 //! match the path without asking the server. The sequence suffix only orders the queue; the
 //! fencing token is the node's czxid (cluster-wide), never the suffix (per parent, 32-bit, reset
 //! when a container is re-created).
+//!
+//! The suffix is the parent's signed 32-bit child version, which every create *and* delete
+//! under it steps: a name that is never idle (its container never removed) passes 2^31 after
+//! about a billion acquire + release pairs, and the suffix turns negative
+//! (`-2147483648`). Queue order therefore compares suffixes on the circle of 2^32 values
+//! ([`queue_order`], serial-number arithmetic): correct whenever the live nodes of one queue
+//! span less than 2^31 steps, which a queue of fewer than a billion waiters always does.
 
 use distlock_api::{LockName, OwnerSecret};
 use sha2::{Digest, Sha256};
@@ -42,9 +49,20 @@ pub fn owned_by(path: &str, secret: &OwnerSecret) -> bool {
         .is_some_and(|node| node.starts_with(&format!("_c_{}{LOCK_MARKER}", attempt_id(secret))))
 }
 
-/// The sequence number of a queue node's name, for ordering.
-pub fn sequence(node: &str) -> Option<i64> {
+/// The sequence number of a queue node's name, as the server wrote it (signed 32-bit; see the
+/// module docs for its wrap).
+pub fn sequence(node: &str) -> Option<i32> {
     node.rsplit_once(LOCK_MARKER)?.1.parse().ok()
+}
+
+/// A sort key for `seq` that orders a queue's nodes by creation across the suffix's wrap: the
+/// distance from a point 2^30 steps before `reference` (any node of the queue), on the circle
+/// of 2^32 values. Every node within 2^30 steps of `reference`, before or after, gets a key in
+/// creation order.
+pub fn queue_order(seq: i32, reference: i32) -> u32 {
+    (seq as u32)
+        .wrapping_sub(reference as u32)
+        .wrapping_add(1 << 30)
 }
 
 #[cfg(test)]
@@ -61,5 +79,33 @@ mod tests {
         assert!(owned_by(&node, &s));
         assert!(!owned_by(&node, &other));
         assert_eq!(sequence(node.rsplit('/').next().expect("name")), Some(42));
+    }
+
+    #[test]
+    fn queue_order_survives_the_suffix_wrap() {
+        // The server formats the parent's cversion with %010d: past i32::MAX it turns negative.
+        let names = [
+            "_c_x-lock-2147483646",
+            "_c_x-lock-2147483647",
+            "_c_x-lock--2147483648",
+            "_c_x-lock--2147483647",
+            "_c_x-lock--000000001",
+            "_c_x-lock-0000000000",
+        ];
+        let seqs: Vec<i32> = names.iter().map(|n| sequence(n).expect("parses")).collect();
+        assert_eq!(seqs[2], i32::MIN);
+        // A queue holding the four nodes around the signed wrap, seen from any of them.
+        for reference in &seqs[..4] {
+            let keys: Vec<u32> = seqs[..4]
+                .iter()
+                .map(|s| queue_order(*s, *reference))
+                .collect();
+            assert!(keys.is_sorted(), "seen from {reference}: {keys:?}");
+        }
+        // Around the unsigned wrap too (-1 then 0).
+        assert!(queue_order(-1, -1) < queue_order(0, -1));
+        assert!(queue_order(-1, 0) < queue_order(0, 0));
+        // A plain parse sorts the wrapped suffix first, beside the holder: the defect.
+        assert!(seqs[2] < seqs[0]);
     }
 }

@@ -23,6 +23,9 @@ impl Epoch {
     /// Starts an epoch on `client`, watching its state.
     pub(crate) fn start(client: Client, on_disconnect: OnDisconnect) -> Arc<Self> {
         let (lost, _) = lost_signal();
+        // The watcher consumes the state it starts from and then waits for the next change:
+        // a disconnect between the caller's check and here would never be seen, so the task
+        // looks at the starting state first.
         let watcher = client.state_watcher();
         let timeout = client.session_timeout();
         let epoch = Arc::new(Epoch { client, lost });
@@ -47,7 +50,7 @@ impl Epoch {
         self.lost.fired().is_none()
     }
 
-    fn end(&self, reason: LostReason) {
+    pub(crate) fn end(&self, reason: LostReason) {
         if self.lost.fire(reason) {
             tracing::warn!(session = self.session_id(), %reason, "distlock zookeeper session epoch ended");
         }
@@ -61,11 +64,11 @@ async fn watch_state(
     session_timeout: Duration,
 ) {
     // The watcher holds no client, so this task does not keep the session open.
+    let mut state = watcher.peek_state();
     loop {
-        let state = watcher.changed().await;
         let Some(e) = epoch.upgrade() else { return };
         match state {
-            SessionState::SyncConnected | SessionState::ConnectedReadOnly => {}
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => drop(e),
             SessionState::Disconnected => match on_disconnect {
                 OnDisconnect::Lose => return e.end(LostReason::Disconnected),
                 OnDisconnect::WaitUpTo(wait) => {
@@ -87,5 +90,6 @@ async fn watch_state(
             },
             _ => return e.end(LostReason::SessionLost),
         }
+        state = watcher.changed().await;
     }
 }
