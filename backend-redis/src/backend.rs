@@ -90,6 +90,16 @@ pub(crate) enum Tell {
     Nobody,
 }
 
+/// How a release script is sent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// By its hash: the usual, cheapest send (a `NOSCRIPT` answer is followed by the source).
+    Hash,
+    /// With its source ([`Call::with_source`]): a clean-up of a request that may still be in
+    /// flight, which must run whenever the server gets to it.
+    Source,
+}
+
 /// The outcome of one attempt.
 pub(crate) enum Attempt {
     /// Granted, with this node's counter value.
@@ -270,6 +280,14 @@ impl RedisBackend {
         }
     }
 
+    /// One script call, each of its sends cut off at `op_timeout` (a `NOSCRIPT` answer costs a
+    /// second send, which gets its own time: a clean-up release must not be lost to it).
+    async fn run<T: redis::FromRedisValue>(&self, call: &Call, conn: &mut Conn) -> Result<T> {
+        call.run(conn, self.options.op_timeout)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
     /// One acquire script call, made cancellation safe without a task of its own: a guard is
     /// armed while the call is in flight; dropped armed (the caller was cancelled) or left armed
     /// by a failed call (the reply may be lost after the server granted), it releases by our
@@ -298,7 +316,7 @@ impl RedisBackend {
         };
         let outcome: Result<(i64, i64)> = match script {
             Some((waiting, waiter_ttl, arbiter)) => {
-                self.with_timeout(
+                self.run(
                     Call::new(&scripts::ACQUIRE, 4)
                         .arg(&keys.lock)
                         .arg(keys.fence())
@@ -309,8 +327,8 @@ impl RedisBackend {
                         .arg(u8::from(waiting))
                         .arg(waiter_ttl.as_millis() as u64)
                         .arg(keys.turn())
-                        .arg(u8::from(arbiter))
-                        .run(&mut conn),
+                        .arg(u8::from(arbiter)),
+                    &mut conn,
                 )
                 .await
             }
@@ -375,8 +393,14 @@ impl RedisBackend {
 
     /// Releases and tells the queue's head (a Redlock node that is not the name's arbiter keeps
     /// no queue, so there it tells nobody).
-    pub(crate) async fn release_keys(&self, keys: &LockKeys, secret: &OwnerSecret) -> Result<bool> {
-        self.release_telling(keys, secret, Tell::QueueHead).await
+    pub(crate) async fn release_keys(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        sent: Sent,
+    ) -> Result<bool> {
+        self.release_telling(keys, secret, Tell::QueueHead, sent)
+            .await
     }
 
     /// Releases (compare-and-delete), then wakes whom `tell` says.
@@ -385,6 +409,7 @@ impl RedisBackend {
         keys: &LockKeys,
         secret: &OwnerSecret,
         tell: Tell,
+        sent: Sent,
     ) -> Result<bool> {
         let mut conn = self.conn.clone();
         let mut call = Call::new(&scripts::RELEASE, 3);
@@ -399,7 +424,11 @@ impl RedisBackend {
             Tell::Nobody => call.arg("none"),
         };
         call.arg(keys.turn());
-        let n: i64 = self.with_timeout(call.run(&mut conn)).await?;
+        let call = match sent {
+            Sent::Hash => call,
+            Sent::Source => call.with_source(),
+        };
+        let n: i64 = self.run(&call, &mut conn).await?;
         Ok(n == 1)
     }
 
@@ -429,14 +458,14 @@ impl RedisBackend {
     pub(crate) async fn leave_queue(&self, keys: &LockKeys, secret: &OwnerSecret) {
         let mut conn = self.conn.clone();
         let left: Result<i64> = self
-            .with_timeout(
+            .run(
                 Call::new(&scripts::LEAVE, 3)
                     .arg(keys.queue())
                     .arg(keys.alive())
                     .arg(&keys.lock)
                     .arg(&secret.expose_hex_bytes()[..])
-                    .arg(keys.turn())
-                    .run(&mut conn),
+                    .arg(keys.turn()),
+                &mut conn,
             )
             .await;
         if let Err(error) = left {
@@ -459,7 +488,7 @@ impl RedisBackend {
                 .arg(ttl.as_millis().max(1) as u64);
         }
         let mut conn = self.conn.clone();
-        self.with_timeout(call.run(&mut conn)).await
+        self.run(&call, &mut conn).await
     }
 
     fn grant(
@@ -501,7 +530,7 @@ impl Drop for AttemptGuard<'_> {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
             rt.spawn(async move {
-                let _ = b.release_keys(&k, &s).await;
+                let _ = b.release_keys(&k, &s, Sent::Source).await;
             });
         }
     }
@@ -563,9 +592,12 @@ impl<'a> QueueGuard<'a> {
         self.armed = false;
     }
 
+    /// Leaves the queue now (the caller waits). Armed until the script answered: a caller
+    /// dropped meanwhile leaves it to the background, instead of leaving a waiter that holds the
+    /// queue up until its liveness runs out.
     pub(crate) async fn leave(mut self) {
-        self.armed = false;
         self.backend.leave_queue(self.keys, self.secret).await;
+        self.armed = false;
     }
 }
 
@@ -681,12 +713,19 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        distlock_api::renew_as_batch(self, key, ttl).await
+        let deadline = Instant::now() + self.options.op_timeout;
+        distlock_api::renew_as_batch(self, key, ttl, deadline).await
     }
 
     /// One script call for the whole batch on a single server or Sentinel master; one per hash
-    /// slot (concurrently) on Cluster, where a script cannot span slots.
-    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+    /// slot (concurrently) on Cluster, where a script cannot span slots, each cut off at
+    /// `deadline` on its own: a hung node costs only the leases it holds. `PEXPIRE` applies
+    /// each TTL exactly.
+    async fn renew_batch(
+        &self,
+        batch: &[(&GrantKey, Duration)],
+        deadline: Instant,
+    ) -> Vec<Result<Renewal>> {
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, (key, _)) in batch.iter().enumerate() {
             let group = match self.conn {
@@ -698,16 +737,24 @@ impl LockBackend for RedisBackend {
                 None => groups.push((group, vec![i])),
             }
         }
-        let calls = groups
-            .iter()
-            .map(|(_, members)| self.renew_group(batch, members));
+        let calls = groups.iter().map(|(_, members)| async move {
+            tokio::time::timeout_at(deadline, self.renew_group(batch, members))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(LockError::backend(
+                        self.server.clone(),
+                        true,
+                        "no answer by the renewal deadline",
+                    ))
+                })
+        });
         let answers = futures_util::future::join_all(calls).await;
         let mut out: Vec<Option<Result<Renewal>>> = (0..batch.len()).map(|_| None).collect();
         for ((_, members), answer) in groups.iter().zip(answers) {
             for (n, i) in members.iter().enumerate() {
                 out[*i] = Some(match &answer {
                     Ok(flags) => Ok(match flags.get(n) {
-                        Some(1) => Renewal::Renewed,
+                        Some(1) => Renewal::Renewed { ttl: batch[*i].1 },
                         _ => Renewal::NotHeld,
                     }),
                     Err(e) => Err(e.for_each_item()),
@@ -720,7 +767,8 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, key: &GrantKey) -> Result<bool> {
-        self.release_keys(&self.keys(&key.name), &key.secret).await
+        self.release_keys(&self.keys(&key.name), &key.secret, Sent::Hash)
+            .await
     }
 }
 

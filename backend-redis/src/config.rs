@@ -117,9 +117,10 @@ pub struct RedlockOptions {
     /// queue, which drops a waiter not heard from for twice the maximum, at least 3 s).
     /// Default 50..250 ms.
     pub retry_delay: (Duration, Duration),
-    /// How many rounds a waiting acquire tries at most (the deadline may end it sooner).
-    /// Default 32.
-    pub retry_count: u32,
+    /// How many rounds a waiting acquire tries at most, if it should stop before the caller's
+    /// deadline; `None` (the default) tries until the deadline, as
+    /// [`distlock_api::LockClient::acquire`] promises.
+    pub retry_count: Option<u32>,
     /// Connecting to each node is cut off after this. Default 2 s.
     pub connect_timeout: Duration,
 }
@@ -131,7 +132,7 @@ impl Default for RedlockOptions {
             node_timeout: Duration::from_millis(50),
             drift_factor: 0.01,
             retry_delay: (Duration::from_millis(50), Duration::from_millis(250)),
-            retry_count: 32,
+            retry_count: None,
             connect_timeout: Duration::from_secs(2),
         }
     }

@@ -14,6 +14,8 @@ struct Channel {
     /// Bumped by every message: a waiter that was busy when it came still sees the change.
     releases: watch::Sender<u64>,
     waiters: usize,
+    /// The server confirmed our SUBSCRIBE (and no UNSUBSCRIBE was sent since).
+    subscribed: bool,
 }
 
 /// Routes release messages to the waiters of each channel.
@@ -59,33 +61,43 @@ impl Notifier {
         self.lock().keys().cloned().collect()
     }
 
-    /// Joins the waiters of `channel`, subscribing the connection if it is the first one.
+    /// Joins the waiters of `channel`, and returns once the connection is subscribed to it:
+    /// every waiter, not only the first, waits for the server's confirmation (a second waiter
+    /// that did not could miss a message sent before the SUBSCRIBE landed, or be left on a
+    /// channel whose SUBSCRIBE failed); a failed SUBSCRIBE is sent again by the next waiter.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         channel: &str,
         conn: &Conn,
     ) -> redis::RedisResult<Subscription> {
-        let (releases, first) = {
+        let releases = {
             let mut channels = self.lock();
             let c = channels
                 .entry(channel.to_string())
                 .or_insert_with(|| Channel {
                     releases: watch::Sender::new(0),
                     waiters: 0,
+                    subscribed: false,
                 });
             c.waiters += 1;
-            (c.releases.subscribe(), c.waiters == 1)
+            c.releases.subscribe()
         };
+        // On error, `sub` drops and leaves the channel again.
         let sub = Subscription {
             notifier: self.clone(),
             channel: channel.to_string(),
             conn: conn.clone(),
             releases,
         };
-        if first {
+        let subscribed = |n: &Self| n.lock().get(channel).is_some_and(|c| c.subscribed);
+        if !subscribed(self) {
             let _order = self.commands.lock().await;
-            // On error, `sub` drops and leaves the channel again.
-            conn.subscribe(channel).await?;
+            if !subscribed(self) {
+                conn.subscribe(channel).await?;
+                if let Some(c) = self.lock().get_mut(channel) {
+                    c.subscribed = true;
+                }
+            }
         }
         Ok(sub)
     }

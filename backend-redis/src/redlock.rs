@@ -50,7 +50,7 @@ use futures_util::future::{join_all, select_all};
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::backend::{Ask, Attempt, QueueGuard, RedisBackend, Tell, WAITER_TTL};
+use crate::backend::{Ask, Attempt, QueueGuard, RedisBackend, Sent, Tell, WAITER_TTL};
 use crate::config::{RedisOptions, RedlockOptions};
 use crate::keys::{LockKeys, slot};
 use crate::notify::Subscription;
@@ -103,8 +103,8 @@ struct Tally {
     granted: usize,
     /// The nodes that answered "held by another owner".
     refused: Vec<usize>,
-    /// The nodes that did not answer in time.
-    errors: usize,
+    /// The nodes that did not answer in time (their `SET` may still land).
+    silent: Vec<usize>,
 }
 
 /// The validity left of a lease of `ttl` whose acquire took `elapsed` (from before the first
@@ -127,6 +127,48 @@ fn timed_out(name: &LockName, started: Instant) -> LockError {
     LockError::Timeout {
         name: name.to_string(),
         waited: started.elapsed(),
+    }
+}
+
+/// Armed while a round is in flight: each node's own guard disarms as soon as that node
+/// answered, so an acquire dropped after some nodes granted (and before the round released or
+/// returned them) would leave their keys for the whole TTL, the lock taken by nobody. Dropped
+/// armed, it releases on every node in the background (compare-and-delete: harmless where
+/// nothing of ours is left).
+struct RoundGuard<'a> {
+    backend: &'a RedlockBackend,
+    keys: &'a LockKeys,
+    secret: &'a OwnerSecret,
+    armed: bool,
+}
+
+impl<'a> RoundGuard<'a> {
+    fn arm(backend: &'a RedlockBackend, keys: &'a LockKeys, secret: &'a OwnerSecret) -> Self {
+        RoundGuard {
+            backend,
+            keys,
+            secret,
+            armed: true,
+        }
+    }
+
+    /// The round ended: it granted (the caller owns the keys now) or released what it got.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for RoundGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
+            rt.spawn(async move {
+                b.release_all(&k, &s, Waking::Attempt, None).await;
+            });
+        }
     }
 }
 
@@ -203,7 +245,10 @@ impl RedlockBackend {
         ttl: Duration,
     ) -> Result<(bool, Instant)> {
         let start = Instant::now();
-        self.vote(keys, secret, ttl, start, None).await
+        let guard = RoundGuard::arm(self, keys, secret);
+        let outcome = self.vote(keys, secret, ttl, start, None).await;
+        guard.disarm();
+        outcome
     }
 
     /// A waiter's round through the name's arbiter, which keeps the waiters' queue: the arbiter
@@ -221,6 +266,22 @@ impl RedlockBackend {
         told: bool,
     ) -> (Result<(bool, Instant)>, bool) {
         let start = Instant::now();
+        let guard = RoundGuard::arm(self, keys, secret);
+        let outcome = self
+            .queued_round_inner(keys, secret, ttl, told, start)
+            .await;
+        guard.disarm();
+        outcome
+    }
+
+    async fn queued_round_inner(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        ttl: Duration,
+        told: bool,
+        start: Instant,
+    ) -> (Result<(bool, Instant)>, bool) {
         let arbiter = self.arbiter_of(keys);
         let queue = Ask::Arbiter {
             waiter_ttl: self.waiter_ttl(),
@@ -238,8 +299,8 @@ impl RedlockBackend {
             // the others granted goes back, waking nobody (we keep our place; the holder's
             // release tells the head).
             Ok(Attempt::Busy { .. }) => match others {
-                Some(t) if t.granted + t.errors > 0 => (
-                    self.refused(keys, secret, start, t.errors, Waking::Nobody)
+                Some(t) if t.granted + t.silent.len() > 0 => (
+                    self.refused(keys, secret, start, &t.silent, Waking::Nobody)
                         .await,
                     true,
                 ),
@@ -275,7 +336,7 @@ impl RedlockBackend {
         first: Option<Tally>,
     ) -> Result<(bool, Instant)> {
         let mut granted = 1;
-        let mut errors = 0;
+        let mut silent = Vec::new();
         let mut ask: Vec<usize> = self.others(arbiter).collect();
         let mut answered = first;
         for round in 0..=ARBITER_HOLD_RETRIES {
@@ -289,7 +350,7 @@ impl RedlockBackend {
                 }
             };
             granted += tally.granted;
-            errors += tally.errors;
+            silent.extend(tally.silent);
             let valid = validity(ttl, start.elapsed(), self.options.drift_factor).is_some();
             if granted >= self.quorum() && valid {
                 return Ok((true, start));
@@ -307,7 +368,7 @@ impl RedlockBackend {
         } else {
             Waking::Nobody
         };
-        self.refused(keys, secret, start, errors, waking).await
+        self.refused(keys, secret, start, &silent, waking).await
     }
 
     /// Every node but `arbiter`.
@@ -351,7 +412,7 @@ impl RedlockBackend {
             match answer {
                 Ok(Attempt::Granted(_)) => tally.granted += 1,
                 Ok(Attempt::Busy { .. }) => tally.refused.push(i),
-                Err(_) => tally.errors += 1,
+                Err(_) => tally.silent.push(i),
             }
         }
         tally
@@ -386,7 +447,7 @@ impl RedlockBackend {
         if ok {
             return Ok((true, start));
         }
-        self.refused(keys, secret, start, tally.errors, Waking::Attempt)
+        self.refused(keys, secret, start, &tally.silent, Waking::Attempt)
             .await
     }
 
@@ -397,15 +458,19 @@ impl RedlockBackend {
         keys: &LockKeys,
         secret: &OwnerSecret,
         start: Instant,
-        errors: usize,
+        silent: &[usize],
         waking: Waking,
     ) -> Result<(bool, Instant)> {
-        self.release_all(keys, secret, waking).await;
-        if errors >= self.quorum() {
+        self.release_all(keys, secret, waking, Some(silent)).await;
+        if silent.len() >= self.quorum() {
             return Err(LockError::backend(
                 "redlock",
                 true,
-                format!("{errors} of {} nodes failed to answer", self.nodes.len()),
+                format!(
+                    "{} of {} nodes failed to answer",
+                    silent.len(),
+                    self.nodes.len()
+                ),
             ));
         }
         Ok((false, start))
@@ -413,8 +478,17 @@ impl RedlockBackend {
 
     /// Releases on every node; returns how many deleted our key. Waiters are told through the
     /// name's arbiter, whose queue holds them (one message to the head per release), as
-    /// `waking` says.
-    async fn release_all(&self, keys: &LockKeys, secret: &OwnerSecret, waking: Waking) -> usize {
+    /// `waking` says. The release goes by hash, but with the script's source to the nodes in
+    /// `unsure` (all of them when `None`): nodes whose `SET` of ours may still be in flight, so
+    /// its clean-up must run behind it whenever the node gets to it, even with no caller left
+    /// to resend it after a `NOSCRIPT`.
+    async fn release_all(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        waking: Waking,
+        unsure: Option<&[usize]>,
+    ) -> usize {
         let arbiter = self.arbiter_of(keys);
         let released = join_all(self.nodes.iter().enumerate().map(|(i, n)| {
             let keys = &keys;
@@ -424,7 +498,11 @@ impl RedlockBackend {
                 Waking::Attempt => Tell::QueueHead,
                 Waking::Nobody => Tell::Nobody,
             };
-            async move { n.release_telling(keys, secret, tell).await }
+            let sent = match unsure {
+                Some(nodes) if !nodes.contains(&i) => Sent::Hash,
+                _ => Sent::Source,
+            };
+            async move { n.release_telling(keys, secret, tell, sent).await }
         }))
         .await;
         if waking == Waking::Holder {
@@ -447,21 +525,23 @@ impl RedlockBackend {
         released.iter().filter(|r| matches!(r, Ok(true))).count()
     }
 
-    /// One lease's renewal over all nodes: renewed on a majority, lost when a majority refused.
+    /// One lease's renewal of `ttl` over all nodes: renewed on a majority, lost when a majority
+    /// refused.
     fn tally<'a>(
         &self,
+        ttl: Duration,
         answers: impl Iterator<Item = Option<&'a Result<Renewal>>>,
     ) -> Result<Renewal> {
         let (mut renewed, mut refused) = (0, 0);
         for answer in answers {
             match answer {
-                Some(Ok(Renewal::Renewed)) => renewed += 1,
+                Some(Ok(Renewal::Renewed { .. })) => renewed += 1,
                 Some(Ok(Renewal::NotHeld)) => refused += 1,
                 _ => {}
             }
         }
         if renewed >= self.quorum() {
-            Ok(Renewal::Renewed)
+            Ok(Renewal::Renewed { ttl })
         } else if refused > self.nodes.len() - self.quorum() {
             // A majority can no longer be ours: the lock is gone.
             Ok(Renewal::NotHeld)
@@ -572,7 +652,7 @@ impl RedlockBackend {
 
     /// Whether an acquire that made `rounds` rounds stops: past its deadline or `retry_count`.
     fn out_of_time(&self, rounds: u32, deadline: Instant) -> bool {
-        Instant::now() >= deadline || rounds >= self.options.retry_count.max(1)
+        Instant::now() >= deadline || self.options.retry_count.is_some_and(|n| rounds >= n.max(1))
     }
 
     fn grant(
@@ -651,11 +731,17 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
-        distlock_api::renew_as_batch(self, key, ttl).await
+        let deadline = Instant::now() + self.options.node_timeout;
+        distlock_api::renew_as_batch(self, key, ttl, deadline).await
     }
 
-    /// One batched renewal per node (concurrently), then a majority count per lease.
-    async fn renew_batch(&self, batch: &[(&GrantKey, Duration)]) -> Vec<Result<Renewal>> {
+    /// One batched renewal per node (concurrently, each node by `deadline` and its own
+    /// timeout), then a majority count per lease.
+    async fn renew_batch(
+        &self,
+        batch: &[(&GrantKey, Duration)],
+        deadline: Instant,
+    ) -> Vec<Result<Renewal>> {
         let per_node = join_all(self.nodes.iter().map(|n| async move {
             let keys: Vec<GrantKey> = batch
                 .iter()
@@ -669,17 +755,22 @@ impl LockBackend for RedlockBackend {
                 .zip(batch)
                 .map(|(k, (_, ttl))| (k, *ttl))
                 .collect();
-            n.renew_batch(&items).await
+            n.renew_batch(&items, deadline).await
         }))
         .await;
         (0..batch.len())
-            .map(|i| self.tally(per_node.iter().map(|answers| answers.get(i))))
+            .map(|i| self.tally(batch[i].1, per_node.iter().map(|answers| answers.get(i))))
             .collect()
     }
 
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         Ok(self
-            .release_all(&self.nodes[0].keys(&key.name), &key.secret, Waking::Holder)
+            .release_all(
+                &self.nodes[0].keys(&key.name),
+                &key.secret,
+                Waking::Holder,
+                Some(&[]),
+            )
             .await
             >= self.quorum())
     }

@@ -10,27 +10,56 @@
 //! crashed stops refreshing and is dropped within the waiter TTL; one that gives up leaves at
 //! once ([`LEAVE`]). Both sets carry that TTL, so a name nobody waits on leaves no key behind.
 
+use std::ops::Deref;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
+use redis::{
+    Arg, Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind,
+    ToRedisArgs,
+};
+
+/// A script and its source: the source is what a call resends as `EVAL` when a server does not
+/// know the script (see [`Call::run`]).
+pub struct Lua {
+    script: Script,
+    source: String,
+}
+
+impl Lua {
+    fn new(source: String) -> Self {
+        Lua {
+            script: Script::new(&source),
+            source,
+        }
+    }
+}
+
+impl Deref for Lua {
+    type Target = Script;
+
+    fn deref(&self) -> &Script {
+        &self.script
+    }
+}
 
 /// One call of a script, written straight into one command (`EVALSHA <sha> <number of keys>`,
 /// then the keys, then the arguments, in that order). `Script::key` / `arg` first copy every key
 /// and argument into a buffer of its own: ~15 allocations per acquire + release pair, which
 /// measured ~10 % of the client's instructions.
 pub(crate) struct Call {
-    script: &'static Script,
+    lua: &'static Lua,
     cmd: Cmd,
 }
 
 impl Call {
-    pub(crate) fn new(script: &'static Script, keys: usize) -> Self {
+    pub(crate) fn new(lua: &'static Lua, keys: usize) -> Self {
         // Room for our longest single-name call (acquire: 4 keys of a ~100-byte name, 5
         // arguments) at once, rather than growing the buffers six or seven times per call.
         let mut cmd = Cmd::with_capacity(3 + 9, 640);
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
-        Call { script, cmd }
+        cmd.arg("EVALSHA").arg(lua.get_hash()).arg(keys);
+        Call { lua, cmd }
     }
 
     /// Appends a key (while fewer than the declared number were written) or an argument.
@@ -39,20 +68,62 @@ impl Call {
         self
     }
 
-    /// Sends the call; a server that does not know the script yet (restarted, failed over, new
-    /// Cluster node) answers `NOSCRIPT`, and then the script is loaded and the call sent again.
+    /// The same call sent with the script's source (`EVAL`), in one send whatever the server's
+    /// script cache holds: for a clean-up whose answer nobody may wait for (its caller gone, or
+    /// a server that hangs and answers `NOSCRIPT` only later, when no resend would follow). It
+    /// still runs whenever the server gets to it, in order behind the request it cleans up.
+    pub(crate) fn with_source(mut self) -> Self {
+        self.cmd = self.eval();
+        self
+    }
+
+    /// Sends the call, each send cut off at `per_send` on its own. A server that does not know
+    /// the script yet (restarted, failed over, flushed, a new Cluster node) answers `NOSCRIPT`;
+    /// the call is then sent again as `EVAL` with the source, which also caches the script on
+    /// that server. `SCRIPT LOAD` is not used: on a Cluster connection it goes to every node and
+    /// waits for all, so one hung node would fail calls meant for healthy ones.
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
         conn: &mut impl ConnectionLike,
+        per_send: Duration,
     ) -> RedisResult<T> {
-        match self.cmd.query_async(conn).await {
+        match timed(per_send, self.cmd.query_async(conn)).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.load_async(conn).await?;
-                self.cmd.query_async(conn).await
+                timed(per_send, self.eval().query_async(conn)).await
             }
             answer => answer,
         }
     }
+
+    /// The same call as `EVAL <source> ...` (unchanged if it is one already).
+    fn eval(&self) -> Cmd {
+        if self
+            .cmd
+            .args_iter()
+            .next()
+            .is_some_and(|a| matches!(a, Arg::Simple(b"EVAL")))
+        {
+            return self.cmd.clone();
+        }
+        let mut eval = Cmd::with_capacity(3 + 9, 640 + self.lua.source.len());
+        eval.arg("EVAL").arg(&self.lua.source);
+        for arg in self.cmd.args_iter().skip(2) {
+            if let Arg::Simple(bytes) = arg {
+                eval.arg(bytes);
+            }
+        }
+        eval
+    }
+}
+
+/// `send`, or a timeout error (retryable, like a dropped connection) after `limit`.
+async fn timed<T>(limit: Duration, send: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
+    tokio::time::timeout(limit, send).await.unwrap_or_else(|_| {
+        Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {limit:?}"),
+        )))
+    })
 }
 
 /// Lua helpers shared by the scripts that read the queue head: `purge` drops the waiters whose
@@ -99,8 +170,8 @@ end
 /// not make a Redlock grant, and a waiter the other nodes then refuse keeps its turn. Its place
 /// lives no longer than the lock it was granted, so a holder that crashed holds up the queue
 /// only until its lock expires.
-pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         r#"
 local lock, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, ttl, waiting, wttl = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
@@ -164,8 +235,8 @@ return {{1, token}}
 /// KEYS: queue, alive, lock. ARGV: secret, turn channel prefix.
 /// A waiter that gives up (timeout, error, cancellation) leaves the queue; if the lock is free,
 /// the new head is told at once instead of at its next re-check.
-pub static LEAVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+pub static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         r#"{PURGE}
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -185,8 +256,8 @@ return 1
 /// PEXPIREs each lock that is still ours; never creates a key. Returns one 1 (renewed) or 0 (not
 /// ours: expired, taken or released) per key. One call renews every lease a watchdog tick finds
 /// due (all in one hash slot on Cluster), so renewal traffic does not grow with the lease count.
-pub static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r#"
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -198,7 +269,8 @@ for i, key in ipairs(KEYS) do
   end
 end
 return out
-"#,
+"#
+        .to_string(),
     )
 });
 
@@ -213,8 +285,8 @@ return out
 ///   waiter that keeps its turn).
 ///
 /// Returns 1 if released, 0 if it was not ours (never deletes another owner's lock).
-pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         r#"
 local cur = redis.call('GET', KEYS[1])
 if not cur or string.sub(cur, 1, 33) ~= ARGV[1] .. ':' then

@@ -116,12 +116,14 @@ pub fn redlock_from_url(url: &mut BackendUrl) -> Result<(Vec<String>, RedlockOpt
         |f: &f64| (0.0..0.5).contains(f),
         &mut o.drift_factor,
     )?;
+    let mut rounds = 0u32;
     url.take_parsed(
         "retry_count",
         "a positive integer",
         |n: &u32| *n > 0,
-        &mut o.retry_count,
+        &mut rounds,
     )?;
+    o.retry_count = (rounds > 0).then_some(rounds);
     if let Some(v) = url.take("retry_delay") {
         let bad = |reason: &str| url.invalid_option("retry_delay", &v, reason);
         let (lo, hi) = v
