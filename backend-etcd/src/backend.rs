@@ -38,6 +38,12 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 /// Pause between tries of a request that met an unavailable member.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
+/// How many tries after a transient failure go out at once, before the pause: a member that is
+/// down fails a request at once and keeps its place in the client's balancer (it reconnects on
+/// its next turn), so the next try most likely goes to a live member. With a pause after every
+/// failure, one member of three down cut one client's pairs per 3 s from ~1 100 to 87.
+const RETRIES_AT_ONCE: u32 = 2;
+
 /// How often at most the endpoints are put back into the client's balancer after transport
 /// errors: its load balancer drops an endpoint whose connection failed and never takes it back
 /// by itself, so a member that was down would stay unused after it returns (seen: throughput
@@ -229,12 +235,17 @@ impl EtcdBackend {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = Instant::now() + self.inner.options.op_timeout;
+        let mut at_once = RETRIES_AT_ONCE;
         loop {
             match timeout_at(deadline, op(client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if transient(&e) && Instant::now() + RETRY_PAUSE < deadline => {
                     self.readd_members().await;
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                    if at_once > 0 {
+                        at_once -= 1;
+                    } else {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
                 }
                 Ok(Err(e)) => return Err(self.err(e)),
                 Err(_) => {
