@@ -5,7 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{AcquireOptions, Guarantee, Lease, LockBackend, LockClient, LockError, Owner};
+use distlock_api::{
+    AcquireOptions, Guarantee, Held, Lease, LockBackend, LockClient, LockError, Owner, Ran,
+};
 
 use crate::config::{Config, OptionValue};
 use crate::error::ConfigError;
@@ -252,5 +254,43 @@ impl Acquire<'_> {
         self.client()?
             .acquire(&self.name, &self.opts, timeout)
             .await
+    }
+
+    /// Takes the lock if free (else `Busy` at once) and runs `f` under it: `f` gets the fencing
+    /// token and the lost signal, is dropped at its next await if the lease is lost first, and
+    /// the lock is released on every path. See [`LockClient::try_run`].
+    ///
+    /// # Errors
+    /// As [`Acquire::try_now`]; once the lock is held, the outcome is in [`Ran`].
+    ///
+    /// # Examples
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = distlock::Locks::load(None).await?; // no file: the embedded memory backend
+    /// let ran = locks
+    ///     .efficiency("cache:rebuild")
+    ///     .try_run(|held| async move { held.name().to_string() })
+    ///     .await?;
+    /// assert_eq!(ran.completed().as_deref(), Some("cache:rebuild"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_run<F, Fut, T>(self, f: F) -> Result<Ran<T>, LockError>
+    where
+        F: FnOnce(Held) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.client()?.try_run(&self.name, &self.opts, f).await
+    }
+
+    /// Like [`Acquire::try_run`], waiting up to `timeout` for the lock.
+    ///
+    /// # Errors
+    /// As [`Acquire::wait`]; once the lock is held, the outcome is in [`Ran`].
+    pub async fn run<F, Fut, T>(self, timeout: Duration, f: F) -> Result<Ran<T>, LockError>
+    where
+        F: FnOnce(Held) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.client()?.run(&self.name, &self.opts, timeout, f).await
     }
 }
