@@ -8,9 +8,6 @@ use distlock_api::url::BackendUrl;
 
 use crate::config::{EtcdOptions, EtcdTls};
 
-/// The schemes of [`crate::EtcdBackend`].
-pub const SCHEMES: &[&str] = &["etcd"];
-
 /// The members and the options, from an `etcd://` URL.
 ///
 /// # Errors

@@ -16,19 +16,8 @@ use distlock_api::url::{BackendUrl, parse_duration};
 
 use crate::config::{RedisOptions, RedisTls, RedisTopology, RedlockOptions};
 
-/// The schemes of one Redis deployment ([`crate::RedisBackend`]).
-pub const SCHEMES: &[&str] = &[
-    "redis",
-    "rediss",
-    "redis+cluster",
-    "rediss+cluster",
-    "redis+sentinel",
-];
-
-/// The scheme of [`crate::RedlockBackend`].
-pub const REDLOCK_SCHEMES: &[&str] = &["redlock"];
-
-/// Where and how to connect, from a URL with one of [`SCHEMES`].
+/// Where and how to connect, from a `redis`, `rediss`, `redis+cluster`, `rediss+cluster` or
+/// `redis+sentinel` URL.
 ///
 /// # Errors
 /// `InvalidConfig` naming the option or the URL at fault.

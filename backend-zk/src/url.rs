@@ -8,9 +8,6 @@ use distlock_api::url::{BackendUrl, parse_duration};
 
 use crate::config::{NodeAcl, OnDisconnect, ZkOptions};
 
-/// The schemes of [`crate::ZkBackend`].
-pub const SCHEMES: &[&str] = &["zk"];
-
 /// The connect string (chroot included) and the options, from a `zk://` URL.
 ///
 /// # Errors

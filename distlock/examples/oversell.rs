@@ -16,9 +16,9 @@
 //!
 //! `--short` sells 20 units instead of 100 (what the tests run).
 //!
-//! On etcd and ZooKeeper the lock lives as long as the client's session, and an in-process pause
-//! of one task does not stop its client's keep-alive: there the unfenced row stays exact. A real
-//! process pause (SIGSTOP) stops the keep-alive too; the conformance suite shows that case.
+//! On etcd and ZooKeeper a lease lives on the client's session, whose TTL it gets (10 s by
+//! default): the paused pod sleeps past that, and its fixed lease is released at its deadline as
+//! on every backend, so the paused rows take about a session TTL each there.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -140,6 +140,15 @@ enum Source {
     Memory,
 }
 
+/// The configuration of one scenario (a fresh in-memory store for each, on the default).
+fn config_for(source: &Source, label: &str) -> Result<Config, distlock::ConfigError> {
+    match source {
+        Source::Url(u) => Ok(Config::for_url(u)),
+        Source::File(f) => Config::load(Some(f)),
+        Source::Memory => Ok(Config::for_url(&format!("memory://oversell-{label}"))),
+    }
+}
+
 fn usage(problem: &str) -> ! {
     eprintln!("{problem}\nusage: oversell [--backend <url> | --config <file>] [--short]");
     std::process::exit(2);
@@ -174,6 +183,14 @@ async fn main() {
         Source::File(f) => format!("config {}", f.display()),
         Source::Memory => "memory (embedded)".to_string(),
     };
+    // A configuration that cannot be used is said before anything else is printed.
+    if let Err(e) = match config_for(&source, "check") {
+        Ok(c) => Locks::from_config(&c).await.map(drop),
+        Err(e) => Err(e),
+    } {
+        eprintln!("cannot use {shown}: {e}");
+        std::process::exit(2);
+    }
     println!(
         "{PODS} pods sell from {stock} units (backend: {shown}, lock TTL {TTL:?} or the backend's minimum, pause: the lease's validity + {OVERSLEEP:?})\n"
     );
@@ -191,14 +208,8 @@ async fn main() {
             "lock, holder paused past TTL, fenced write",
         ),
     ] {
-        let config = match &source {
-            Source::Url(u) => Ok(Config::for_url(u)),
-            Source::File(f) => Config::load(Some(f)),
-            // A fresh store per scenario.
-            Source::Memory => Ok(Config::for_url(&format!("memory://oversell-{label}"))),
-        };
         let name = format!("stock:sku-42:{label}");
-        let result = match config {
+        let result = match config_for(&source, label) {
             Ok(c) => run(&c, mode, stock, &name).await,
             Err(e) => Err(e),
         };

@@ -18,6 +18,18 @@ pub enum ConfigError {
         /// The schemes this build accepts.
         known: String,
     },
+    /// The URL's scheme is known, but this build left its backend out: enable the cargo feature.
+    #[error(
+        "{key}: scheme {scheme:?} needs the backend this build left out: enable the cargo feature \"{feature}\" of distlock (or \"all\")"
+    )]
+    FeatureOff {
+        /// Where the URL came from.
+        key: String,
+        /// The scheme.
+        scheme: String,
+        /// The cargo feature that compiles its backend in.
+        feature: &'static str,
+    },
     /// A value is malformed or out of range.
     #[error("{key} = {value:?}: {reason}")]
     InvalidValue {

@@ -31,4 +31,4 @@ pub use config::{BackendConfig, Config, LeaseConfig, OptionValue};
 pub use distlock_api::*;
 pub use error::ConfigError;
 pub use locks::{Acquire, Locks, connect};
-pub use spec::{BackendSpec, known_schemes, parse_duration, redact};
+pub use spec::{BackendSpec, SCHEMES, Scheme, known_schemes, parse_duration, redact};

@@ -1,8 +1,9 @@
-//! Backend URLs parsed into a [`BackendSpec`] with typed errors, then connected. Each backend
-//! crate declares its schemes and reads its own options (`distlock_redis::url`,
-//! `distlock_etcd::url`, `distlock_zk::url`, on the shared grammar of `distlock_api::url`); this
-//! module picks the crate by scheme, for the crates the cargo features `redis`, `etcd`, `zk`
-//! enable. Options come from the query string or from a table; both use the same names.
+//! Backend URLs parsed into a [`BackendSpec`] with typed errors, then connected. [`SCHEMES`] is
+//! the one list of schemes, whatever this build compiled in: a scheme whose backend's cargo
+//! feature is off is refused with an error naming the feature. Each backend crate reads its own
+//! options (`distlock_redis::url`, `distlock_etcd::url`, `distlock_zk::url`, on the shared
+//! grammar of `distlock_api::url`). Options come from the query string or from a table; both
+//! use the same names.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -102,21 +103,58 @@ impl std::fmt::Debug for BackendSpec {
     }
 }
 
-/// The schemes this build accepts: `memory`, and those each enabled backend crate declares.
+/// One URL scheme the facade knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheme {
+    /// The scheme as written in a URL (`etcd` in `etcd://...`).
+    pub name: &'static str,
+    /// The backend kind it builds ([`BackendSpec::kind`]).
+    pub kind: &'static str,
+    /// The cargo feature of `distlock` that compiles that backend in (`None`: always there).
+    pub feature: Option<&'static str>,
+}
+
+impl Scheme {
+    /// Whether this build has the scheme's backend.
+    pub fn compiled_in(&self) -> bool {
+        match self.feature {
+            None => true,
+            Some("redis") => cfg!(feature = "redis"),
+            Some("etcd") => cfg!(feature = "etcd"),
+            Some("zk") => cfg!(feature = "zk"),
+            Some(_) => false,
+        }
+    }
+}
+
+const fn scheme(name: &'static str, kind: &'static str, feature: Option<&'static str>) -> Scheme {
+    Scheme {
+        name,
+        kind,
+        feature,
+    }
+}
+
+/// Every scheme the facade knows, whatever features this build has.
+pub const SCHEMES: &[Scheme] = &[
+    scheme("memory", "memory", None),
+    scheme("redis", "redis", Some("redis")),
+    scheme("rediss", "redis", Some("redis")),
+    scheme("redis+cluster", "redis", Some("redis")),
+    scheme("rediss+cluster", "redis", Some("redis")),
+    scheme("redis+sentinel", "redis", Some("redis")),
+    scheme("redlock", "redlock", Some("redis")),
+    scheme("etcd", "etcd", Some("etcd")),
+    scheme("zk", "zk", Some("zk")),
+];
+
+/// The schemes this build accepts.
 pub fn known_schemes() -> Vec<&'static str> {
-    #[allow(unused_mut)]
-    let mut s = vec!["memory"];
-    #[cfg(feature = "redis")]
-    s.extend(
-        distlock_redis::url::SCHEMES
-            .iter()
-            .chain(distlock_redis::url::REDLOCK_SCHEMES),
-    );
-    #[cfg(feature = "etcd")]
-    s.extend(distlock_etcd::url::SCHEMES);
-    #[cfg(feature = "zk")]
-    s.extend(distlock_zk::url::SCHEMES);
-    s
+    SCHEMES
+        .iter()
+        .filter(|s| s.compiled_in())
+        .map(|s| s.name)
+        .collect()
 }
 
 /// Hides the password of `scheme://user:password@...` and of a `password=` query parameter.
@@ -137,50 +175,60 @@ impl BackendSpec {
     /// the URL came from, for errors.
     ///
     /// # Errors
-    /// [`ConfigError::UnknownScheme`], or [`ConfigError::InvalidValue`] naming the key and value.
+    /// [`ConfigError::UnknownScheme`], [`ConfigError::FeatureOff`] for a scheme whose backend
+    /// this build left out, or [`ConfigError::InvalidValue`] naming the key and value.
     pub fn parse(
         key: &str,
         url: &str,
         extra: &BTreeMap<String, String>,
     ) -> Result<Self, ConfigError> {
+        // Read by the backends' option readers, of which a memory-only build has none.
+        #[allow(unused_mut)]
         let mut parts =
             BackendUrl::parse(key, url, extra).map_err(ConfigError::from_backend_url)?;
         let scheme = parts.scheme.clone();
         let scheme = scheme.as_str();
+        #[allow(unused_variables)] // as `parts`
         let read = |r: distlock_api::Result<BackendSpec>| r.map_err(ConfigError::from_backend_url);
-        // Each backend crate declares its schemes and reads its own options.
-        let spec = match scheme {
-            "memory" => BackendSpec::Memory {
-                store: parts.hosts.clone(),
-            },
+        let Some(known) = SCHEMES.iter().find(|s| s.name == scheme) else {
+            return Err(ConfigError::UnknownScheme {
+                key: key.to_string(),
+                scheme: scheme.to_string(),
+                url: redact(url),
+                known: known_schemes().join(", "),
+            });
+        };
+        if !known.compiled_in() {
+            return Err(ConfigError::FeatureOff {
+                key: key.to_string(),
+                scheme: scheme.to_string(),
+                feature: known.feature.unwrap_or_default(),
+            });
+        }
+        let spec = match known.kind {
             #[cfg(feature = "redis")]
-            s if distlock_redis::url::SCHEMES.contains(&s) => read(
+            "redis" => read(
                 distlock_redis::url::redis_from_url(&mut parts)
                     .map(|(topology, options)| BackendSpec::Redis { topology, options }),
             )?,
             #[cfg(feature = "redis")]
-            s if distlock_redis::url::REDLOCK_SCHEMES.contains(&s) => read(
+            "redlock" => read(
                 distlock_redis::url::redlock_from_url(&mut parts)
                     .map(|(urls, options)| BackendSpec::Redlock { urls, options }),
             )?,
             #[cfg(feature = "etcd")]
-            s if distlock_etcd::url::SCHEMES.contains(&s) => read(
+            "etcd" => read(
                 distlock_etcd::url::from_url(&mut parts)
                     .map(|(endpoints, options)| BackendSpec::Etcd { endpoints, options }),
             )?,
             #[cfg(feature = "zk")]
-            s if distlock_zk::url::SCHEMES.contains(&s) => read(
+            "zk" => read(
                 distlock_zk::url::from_url(&mut parts)
                     .map(|(connect, options)| BackendSpec::Zk { connect, options }),
             )?,
-            other => {
-                return Err(ConfigError::UnknownScheme {
-                    key: key.to_string(),
-                    scheme: other.to_string(),
-                    url: redact(url),
-                    known: known_schemes().join(", "),
-                });
-            }
+            _ => BackendSpec::Memory {
+                store: parts.hosts.clone(),
+            },
         };
         parts.finish().map_err(ConfigError::from_backend_url)?;
         Ok(spec)
