@@ -15,6 +15,9 @@ pub trait Cut: Send + Sync {
     fn cut(&self);
     /// Traffic flows again.
     fn restore(&self);
+    /// Closes every connection of the client (a TCP reset, or the server dropping it) and lets
+    /// traffic flow again: a cut healed by reconnecting.
+    fn reset(&self);
 }
 
 /// A client's proxies, one per server: cutting blackholes all of them.
@@ -49,6 +52,12 @@ impl Cut for ProxyCut {
     }
     fn restore(&self) {
         self.0.iter().for_each(|p| p.set_mode(ProxyMode::Pass));
+    }
+    fn reset(&self) {
+        self.0.iter().for_each(|p| {
+            p.reset();
+            p.set_mode(ProxyMode::Pass);
+        });
     }
 }
 
@@ -92,10 +101,20 @@ pub async fn shared_or_new<T: Send + Sync + 'static>(
 
 /// Process-level faults on the servers of a deployment.
 pub trait ServerFaults: Send + Sync {
+    /// The server processes, in order (each can be killed, paused and restarted on its own).
+    fn processes(&self) -> Vec<&ServerProcess>;
+    /// The index of the server that leads the others, where one does (etcd, ZooKeeper).
+    fn leader(&self) -> Option<usize> {
+        None
+    }
     /// SIGKILL every server of the deployment.
-    fn kill_all(&self);
+    fn kill_all(&self) {
+        kill_all(self.processes());
+    }
     /// Start them again (same ports) and wait until they serve.
-    fn restart_all(&self);
+    fn restart_all(&self) {
+        restart_all(self.processes());
+    }
 }
 
 /// One deployment of one backend (a memory store, a Redis server, an etcd cluster, ...).
@@ -144,5 +163,22 @@ pub trait Deployment: Send + Sync {
     /// Server faults, when the deployment runs server processes of its own.
     fn servers(&self) -> Option<&dyn ServerFaults> {
         None
+    }
+
+    /// How long the server will keep `name`'s current holder if nothing renews it, read from
+    /// the server (Redis `PTTL`, the etcd lease's remaining TTL, ...), or `None` when nobody
+    /// holds it. ZooKeeper cannot tell a session's remaining time: its negotiated timeout.
+    async fn server_expiry(&self, name: &LockName) -> Option<Duration>;
+
+    /// How long a client must stay idle to pass the server's own idle limits (connection idle
+    /// timeouts, HTTP/2 ping policy, session pings); zero when there are none to pass.
+    fn idle(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    /// A client to leave idle for [`Deployment::idle`]: on a server with an idle limit to pass
+    /// (a Redis with `timeout`), which may be a server of its own.
+    async fn idle_client(&self) -> Arc<dyn LockBackend> {
+        self.client().await
     }
 }

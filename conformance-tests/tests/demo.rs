@@ -50,19 +50,32 @@ fn check(url: &str) {
     assert_eq!(rows[3].3, "exact", "{url}: {rows:?}");
 }
 
+/// Every server with its stock settings and every URL with the backend's default options (etcd's
+/// 10 s session, whose keep-alives leave an idle connection to a stock server's ping policy).
 #[test]
 fn the_demo_tells_the_same_story_on_every_backend() {
     check("memory://demo");
     let redis = RedisServer::start().expect("redis");
     check(&format!("{}?prefix=demo", redis.url()));
     let etcd = EtcdCluster::start(1).expect("etcd");
-    check(&format!(
-        "etcd://{}/demo?session_ttl=2s",
-        etcd.endpoints().join(",")
-    ));
+    check(&format!("etcd://{}/demo", etcd.endpoints().join(",")));
     let zk = ZkEnsemble::start(1).expect("zookeeper");
-    check(&format!(
-        "zk://{}/demo?session_timeout=2s",
-        zk.connect_string()
-    ));
+    check(&format!("zk://{}/demo", zk.connect_string()));
+}
+
+/// A configuration that cannot be used is reported before the table starts, with a distinct
+/// exit code.
+#[test]
+fn a_bad_backend_is_reported_before_the_table() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oversell-demo"))
+        .args(["--backend", "nosuch://x", "--short"])
+        .output()
+        .expect("run the demo");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).is_empty(),
+        "printed before the error: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nosuch"));
 }

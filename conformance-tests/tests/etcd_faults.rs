@@ -228,3 +228,54 @@ async fn renew_after_session_loss_reports_not_held() {
     assert_eq!(renewal, distlock::Renewal::NotHeld);
     assert_eq!(d.artifacts(&name).await, 0);
 }
+
+/// Acquire + release pairs one client completes in `span`, and how many failed.
+async fn pairs(client: &LockClient, span: Duration) -> (usize, usize) {
+    let until = Instant::now() + span;
+    let (mut done, mut failed) = (0, 0);
+    while Instant::now() < until {
+        match client
+            .try_acquire("throughput", &opts(Duration::from_secs(2)))
+            .await
+        {
+            Ok(lease) => match lease.release().await {
+                Ok(_) => done += 1,
+                Err(_) => failed += 1,
+            },
+            Err(e) if e.is_retryable() => failed += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    (done, failed)
+}
+
+/// A follower of three killed and restarted under a steady load: the client keeps working
+/// while it is down (transport errors go to live members), and once it is back the client's
+/// throughput returns to its level before the fault (the balancer dropped the dead member's
+/// connection and takes it back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_comes_back_after_a_member_returns() {
+    let d = deploy("etcd3", 3, false).await;
+    let client = LockClient::new(d.client().await);
+    let span = Duration::from_secs(3);
+    let (before, _) = pairs(&client, span).await;
+    let leader = d.cluster.leader().expect("a leader");
+    let victim = (leader + 1) % 3;
+    d.cluster.members[victim].kill();
+    let (during, failed) = pairs(&client, span).await;
+    tokio::task::block_in_place(|| d.cluster.members[victim].restart()).expect("restart");
+    // The member catches up and the client reconnects.
+    sleep(Duration::from_secs(2)).await;
+    let (after, _) = pairs(&client, span).await;
+    eprintln!(
+        "pairs per {span:?}: before {before}, during {during} ({failed} failed), after {after}"
+    );
+    assert!(
+        during > before / 4,
+        "the client stalled while a member was down: {during} vs {before}"
+    );
+    assert!(
+        after * 10 >= before * 8,
+        "throughput did not come back: {after} after, {before} before"
+    );
+}

@@ -267,3 +267,88 @@ async fn an_empty_restart_after_the_ttl_gives_no_second_holder() {
     assert!(first.remaining().is_zero());
     drop(second);
 }
+
+/// An acquire dropped while some nodes granted and others hang (three of five under
+/// `CLIENT PAUSE ... WRITE`) leaves no key behind on the nodes that granted: they are released
+/// at once in the background, not left for the TTL with nobody holding the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_mid_round_leaves_no_key() {
+    let d = deploy(5, false).await;
+    let a = client(&d).await;
+    let lock = name("dropped-mid-round");
+    for node in &d.masters.nodes[2..] {
+        let reply = node.command("CLIENT PAUSE 2000 WRITE").unwrap_or_default();
+        assert!(reply.starts_with("+OK"), "{reply}");
+    }
+    let ttl = AcquireOptions::with_ttl(Duration::from_secs(10));
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(100),
+        a.acquire("dropped-mid-round", &ttl, Duration::from_secs(5)),
+    )
+    .await;
+    assert!(dropped.is_err(), "the acquire finished: {dropped:?}");
+    // The two nodes that granted are cleaned while the others still hang.
+    let until = Instant::now() + Duration::from_millis(1_000);
+    while d.nodes_holding(&lock).await > 0 {
+        assert!(
+            Instant::now() < until,
+            "keys left on the nodes that granted"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    // Once the pause ends, the hung nodes' late writes are released too: the lock is free long
+    // before its 10 s TTL.
+    let b = client(&d).await;
+    let until = Instant::now() + Duration::from_secs(4);
+    let lease = loop {
+        match b.acquire_until("dropped-mid-round", &ttl, until).await {
+            Ok(l) => break l,
+            // The paused majority cannot answer yet.
+            Err(e) if e.is_retryable() && Instant::now() < until => {
+                sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("not free after the pause: {e}"),
+        }
+    };
+    assert!(lease.release().await.expect("release"));
+}
+
+/// With the default options, a waiting acquire waits for as long as its caller said (here
+/// 10 s against a holder that keeps the lock 6 s): it is not cut short by a count of rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_waits_its_whole_timeout() {
+    let d = deploy(5, false).await;
+    let o = distlock_redis::RedlockOptions {
+        prefix: options().prefix,
+        node_timeout: options().node_timeout,
+        ..distlock_redis::RedlockOptions::default()
+    };
+    let connect = || async {
+        LockClient::new(Arc::new(
+            RedlockBackend::connect(&d.urls(), o.clone())
+                .await
+                .expect("connect"),
+        ))
+    };
+    let (a, b) = (connect().await, connect().await);
+    let held = a
+        .try_acquire("whole-wait", &AcquireOptions::with_ttl(TTL))
+        .await
+        .expect("acquire");
+    let waiter = tokio::spawn(async move {
+        b.acquire(
+            "whole-wait",
+            &AcquireOptions::with_ttl(TTL),
+            Duration::from_secs(10),
+        )
+        .await
+    });
+    sleep(Duration::from_secs(6)).await;
+    assert!(!waiter.is_finished(), "the waiter gave up early");
+    assert!(held.release().await.expect("release"));
+    let lease = waiter
+        .await
+        .expect("task")
+        .expect("granted within its timeout");
+    assert!(lease.release().await.expect("release"));
+}

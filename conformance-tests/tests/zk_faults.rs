@@ -195,3 +195,60 @@ async fn connection_loss_right_after_create_leaves_no_orphan() {
         sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A holder whose server is a follower cut off from the leader (its clients still reach it,
+/// and it answers their pings and reads from its own copy until it gives up on the leader,
+/// `syncLimit x tickTime` = 10 s on stock settings): the leader expires the holder's 4 s session
+/// and grants the lock to another client. The holder must be told before that: its renewals
+/// are proven through the leader, which a cut follower cannot reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_follower_cut_off_from_the_leader_is_told_before_another_is_granted() {
+    let ensemble = tokio::task::spawn_blocking(|| {
+        distlock_conformance::harness::ZkEnsemble::start_with_peer_links(3).expect("zookeeper")
+    })
+    .await
+    .expect("start");
+    let leader = ensemble.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    let port = |i: usize| format!("127.0.0.1:{}", ensemble.client_ports[i]);
+    let a = LockClient::new(Arc::new(
+        ZkBackend::connect(&port(follower), options())
+            .await
+            .expect("connect to the follower"),
+    ));
+    let others: Vec<String> = (0..3).filter(|i| *i != follower).map(port).collect();
+    let b = LockClient::new(Arc::new(
+        ZkBackend::connect(&others.join(","), options())
+            .await
+            .expect("connect to the others"),
+    ));
+    let held = a
+        .try_acquire("follower-cut", &opts())
+        .await
+        .expect("acquire");
+    let signal = held.lost_signal();
+    let told = tokio::spawn(async move {
+        signal.wait().await;
+        Instant::now()
+    });
+    ensemble.isolate(follower, true);
+    let until = Instant::now() + Duration::from_secs(20);
+    let won = loop {
+        match b.try_acquire("follower-cut", &opts()).await {
+            Ok(l) => break l,
+            Err(e) if Instant::now() < until && (e.is_retryable()) => {
+                sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("the leader never freed the lock: {e}"),
+        }
+    };
+    let won_at = Instant::now();
+    assert!(
+        told.is_finished(),
+        "another client holds the lock while the cut-off holder still counts on it"
+    );
+    let told_at = told.await.expect("signal task");
+    assert!(told_at <= won_at);
+    ensemble.isolate(follower, false);
+    assert!(won.release().await.expect("release"));
+}

@@ -8,13 +8,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_etcd::{EtcdBackend, EtcdOptions};
-use etcd_client::GetOptions;
+use etcd_client::{GetOptions, SortOrder, SortTarget};
 
 use crate::Factory;
-use crate::deployment::{
-    Cut, Deployment, ProxyCut, ServerFaults, kill_all, restart_all, shared_or_new,
-};
+use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults, shared_or_new};
 use crate::harness::EtcdCluster;
+use crate::harness::ServerProcess;
 
 /// The etcd backend on a single member.
 pub const FACTORY: Factory = Factory {
@@ -22,6 +21,7 @@ pub const FACTORY: Factory = Factory {
     capabilities: || distlock_etcd::CAPABILITIES.clone(),
     shared: || Box::pin(async { deploy("etcd", 1, true).await as Arc<dyn Deployment> }),
     isolated: Some(|| Box::pin(async { deploy("etcd", 1, false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: false,
 };
 
 /// The etcd backend on a 3-member cluster.
@@ -30,6 +30,7 @@ pub const CLUSTER_FACTORY: Factory = Factory {
     capabilities: || distlock_etcd::CAPABILITIES.clone(),
     shared: || Box::pin(async { deploy("etcd3", 3, true).await as Arc<dyn Deployment> }),
     isolated: Some(|| Box::pin(async { deploy("etcd3", 3, false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: true,
 };
 
 const TTL: Duration = Duration::from_secs(2);
@@ -41,8 +42,7 @@ pub fn options() -> EtcdOptions {
         session_ttl: TTL,
         op_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(2),
-        credentials: None,
-        tls: None,
+        ..EtcdOptions::default()
     }
 }
 
@@ -76,11 +76,11 @@ pub struct EtcdDeployment {
 }
 
 impl ServerFaults for EtcdDeployment {
-    fn kill_all(&self) {
-        kill_all(&self.cluster.members);
+    fn processes(&self) -> Vec<&ServerProcess> {
+        self.cluster.members.iter().collect()
     }
-    fn restart_all(&self) {
-        restart_all(&self.cluster.members);
+    fn leader(&self) -> Option<usize> {
+        self.cluster.leader()
     }
 }
 
@@ -155,5 +155,42 @@ impl Deployment for EtcdDeployment {
 
     fn servers(&self) -> Option<&dyn ServerFaults> {
         self.owns_cluster.then_some(self as &dyn ServerFaults)
+    }
+
+    /// The remaining TTL of the holder's session lease, plus one second: etcd reports whole
+    /// seconds, rounded down.
+    async fn server_expiry(&self, name: &LockName) -> Option<Duration> {
+        let prefix = distlock_etcd::keys::name_prefix(&options().prefix, name);
+        let first = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut admin = self.admin.clone();
+        let got = admin.get(prefix, Some(first)).await.expect("get");
+        let lease = got.kvs().first()?.lease();
+        let ttl = admin
+            .lease_time_to_live(lease, None)
+            .await
+            .expect("lease ttl")
+            .ttl();
+        u64::try_from(ttl).ok().map(|s| Duration::from_secs(s + 1))
+    }
+
+    /// Two of a stock etcd's 5 s HTTP/2 ping windows, on a client with the default 10 s session
+    /// (whose keep-alives, every few seconds, leave pings time to pile up in between).
+    fn idle(&self) -> Duration {
+        Duration::from_secs(11)
+    }
+
+    async fn idle_client(&self) -> Arc<dyn LockBackend> {
+        let o = EtcdOptions {
+            session_ttl: Duration::from_secs(10),
+            ..options()
+        };
+        Arc::new(
+            EtcdBackend::connect(&self.cluster.endpoints(), o)
+                .await
+                .expect("connect"),
+        )
     }
 }

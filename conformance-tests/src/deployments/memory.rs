@@ -22,11 +22,15 @@ pub const FACTORY: Factory = Factory {
     capabilities: || MemoryBackend::default().capabilities().clone(),
     shared: || Box::pin(async { Arc::new(MemoryDeployment::default()) as Arc<dyn Deployment> }),
     isolated: None,
+    survives_a_member_kill: false,
 };
 
 struct MemoryCut(MemoryBackend);
 
 impl Cut for MemoryCut {
+    fn reset(&self) {
+        self.0.set_reachable(true);
+    }
     fn cut(&self) {
         self.0.set_reachable(false);
     }
@@ -60,6 +64,10 @@ impl Deployment for MemoryDeployment {
 
     async fn delete_lock(&self, name: &LockName) {
         assert!(self.store.evict(name), "nothing to evict");
+    }
+
+    async fn server_expiry(&self, name: &LockName) -> Option<Duration> {
+        self.store.holder_remaining(name)
     }
 
     fn ttl(&self) -> Duration {

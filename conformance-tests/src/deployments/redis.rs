@@ -12,6 +12,7 @@ use redis::aio::ConnectionLike;
 use crate::Factory;
 use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults, shared_or_new};
 use crate::harness::RedisServer;
+use crate::harness::ServerProcess;
 
 /// The Redis backend's factory.
 pub const FACTORY: Factory = Factory {
@@ -19,6 +20,7 @@ pub const FACTORY: Factory = Factory {
     capabilities,
     shared: || Box::pin(async { deploy(true).await as Arc<dyn Deployment> }),
     isolated: Some(|| Box::pin(async { deploy(false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: false,
 };
 
 fn capabilities() -> Capabilities {
@@ -53,6 +55,16 @@ pub(crate) async fn artifacts(admin: &mut impl ConnectionLike, name: &LockName) 
     (held + queued) as usize
 }
 
+/// How long the server keeps `name`'s lock key (`PTTL`), if it exists.
+pub(crate) async fn pttl(admin: &mut impl ConnectionLike, name: &LockName) -> Option<Duration> {
+    let ms: i64 = redis::cmd("PTTL")
+        .arg(lock_keys(&options().prefix, name).lock)
+        .query_async(admin)
+        .await
+        .expect("PTTL");
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
 /// Deletes `name`'s lock key behind its holder's back.
 pub(crate) async fn delete_lock(admin: &mut impl ConnectionLike, name: &LockName) {
     let n: i64 = redis::cmd("DEL")
@@ -85,14 +97,8 @@ pub struct RedisDeployment {
 }
 
 impl ServerFaults for RedisDeployment {
-    fn kill_all(&self) {
-        self.server.process().kill();
-    }
-    fn restart_all(&self) {
-        self.server
-            .process()
-            .restart()
-            .unwrap_or_else(|e| panic!("{e}"));
+    fn processes(&self) -> Vec<&ServerProcess> {
+        vec![self.server.process()]
     }
 }
 
@@ -148,5 +154,29 @@ impl Deployment for RedisDeployment {
 
     fn servers(&self) -> Option<&dyn ServerFaults> {
         self.owns_server.then_some(self as &dyn ServerFaults)
+    }
+
+    async fn server_expiry(&self, name: &LockName) -> Option<Duration> {
+        pttl(&mut self.admin.clone(), name).await
+    }
+
+    /// Past the 2 s idle timeout of [`Deployment::idle_client`]'s server.
+    fn idle(&self) -> Duration {
+        Duration::from_secs(3)
+    }
+
+    /// A client of a server of its own that closes connections idle for 2 s (`timeout 2`, off
+    /// in stock redis.conf but common in production): the setting the idle scenario varies.
+    async fn idle_client(&self) -> Arc<dyn LockBackend> {
+        static IDLE: OnceLock<Arc<RedisServer>> = OnceLock::new();
+        let server = shared_or_new(&IDLE, true, || {
+            RedisServer::start_with(&["--timeout", "2"], None).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .await;
+        Arc::new(
+            RedisBackend::connect(&server.url(), options())
+                .await
+                .expect("connect"),
+        )
     }
 }

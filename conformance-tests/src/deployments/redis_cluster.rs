@@ -13,8 +13,9 @@ use distlock_redis::RedisBackend;
 
 use super::redis::{artifacts, delete_lock, options};
 use crate::Factory;
-use crate::deployment::{Cut, Deployment, ServerFaults, kill_all, restart_all, shared_or_new};
+use crate::deployment::{Cut, Deployment, ServerFaults, shared_or_new};
 use crate::harness::RedisCluster;
+use crate::harness::ServerProcess;
 
 /// The Redis backend on a 3-master Redis Cluster.
 pub const FACTORY: Factory = Factory {
@@ -22,6 +23,7 @@ pub const FACTORY: Factory = Factory {
     capabilities: || distlock_redis::CAPABILITIES.clone(),
     shared: || Box::pin(async { deploy(true).await as Arc<dyn Deployment> }),
     isolated: Some(|| Box::pin(async { deploy(false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: false,
 };
 
 async fn deploy(shared: bool) -> Arc<ClusterDeployment> {
@@ -50,11 +52,8 @@ pub struct ClusterDeployment {
 }
 
 impl ServerFaults for ClusterDeployment {
-    fn kill_all(&self) {
-        kill_all(self.cluster.nodes.iter().map(|n| n.process()));
-    }
-    fn restart_all(&self) {
-        restart_all(self.cluster.nodes.iter().map(|n| n.process()));
+    fn processes(&self) -> Vec<&ServerProcess> {
+        self.cluster.nodes.iter().map(|n| n.process()).collect()
     }
 }
 
@@ -84,6 +83,12 @@ impl Cut for AclCut {
     }
     fn restore(&self) {
         self.on_every_node(&[format!("ACL SETUSER {} on", self.user)]);
+    }
+    fn reset(&self) {
+        self.on_every_node(&[
+            format!("ACL SETUSER {} on", self.user),
+            format!("CLIENT KILL USER {}", self.user),
+        ]);
     }
 }
 
@@ -123,6 +128,15 @@ impl Deployment for ClusterDeployment {
             .await
             .expect("connect as the cuttable user");
         (Arc::new(client), Box::new(cut))
+    }
+
+    async fn server_expiry(&self, name: &LockName) -> Option<Duration> {
+        crate::deployments::redis::pttl(&mut self.admin.clone(), name).await
+    }
+
+    /// Stock servers close no idle connection; this only proves idling costs nothing.
+    fn idle(&self) -> Duration {
+        Duration::from_secs(3)
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {

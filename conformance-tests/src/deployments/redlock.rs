@@ -10,10 +10,9 @@ use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_redis::{RedlockBackend, RedlockOptions, keys::lock_keys};
 
 use crate::Factory;
-use crate::deployment::{
-    Cut, Deployment, ProxyCut, ServerFaults, kill_all, restart_all, shared_or_new,
-};
+use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults, shared_or_new};
 use crate::harness::RedisMasters;
+use crate::harness::ServerProcess;
 
 /// Redlock on 5 masters.
 pub const FACTORY: Factory = Factory {
@@ -21,6 +20,7 @@ pub const FACTORY: Factory = Factory {
     capabilities: || distlock_redis::REDLOCK_CAPABILITIES.clone(),
     shared: || Box::pin(async { deploy(5, true).await as Arc<dyn Deployment> }),
     isolated: Some(|| Box::pin(async { deploy(5, false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: true,
 };
 
 /// The options every client of the suite uses: a node timeout small against the 2 s TTL but
@@ -30,7 +30,6 @@ pub fn options() -> RedlockOptions {
         prefix: "distlock-test".into(),
         node_timeout: Duration::from_millis(200),
         retry_delay: (Duration::from_millis(5), Duration::from_millis(30)),
-        retry_count: 100_000,
         ..RedlockOptions::default()
     }
 }
@@ -84,11 +83,8 @@ impl RedlockDeployment {
 }
 
 impl ServerFaults for RedlockDeployment {
-    fn kill_all(&self) {
-        kill_all(self.masters.nodes.iter().map(|n| n.process()));
-    }
-    fn restart_all(&self) {
-        restart_all(self.masters.nodes.iter().map(|n| n.process()));
+    fn processes(&self) -> Vec<&ServerProcess> {
+        self.masters.nodes.iter().map(|n| n.process()).collect()
     }
 }
 
@@ -182,5 +178,22 @@ impl Deployment for RedlockDeployment {
 
     fn servers(&self) -> Option<&dyn ServerFaults> {
         self.owns_servers.then_some(self as &dyn ServerFaults)
+    }
+
+    /// Until fewer than a majority of nodes keep the key: the majority-th longest `PTTL`.
+    async fn server_expiry(&self, name: &LockName) -> Option<Duration> {
+        let mut left = Vec::new();
+        for admin in &self.admins {
+            if let Some(t) = crate::deployments::redis::pttl(&mut admin.clone(), name).await {
+                left.push(t);
+            }
+        }
+        left.sort_unstable_by(|a, b| b.cmp(a));
+        left.get(self.admins.len() / 2).copied()
+    }
+
+    /// Stock servers close no idle connection; this only proves idling costs nothing.
+    fn idle(&self) -> Duration {
+        Duration::from_secs(3)
     }
 }

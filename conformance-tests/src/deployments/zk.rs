@@ -10,9 +10,8 @@ use distlock_api::{Capabilities, LockBackend, LockName};
 use distlock_zk::{ZkBackend, ZkOptions};
 
 use crate::Factory;
-use crate::deployment::{
-    Cut, Deployment, ProxyCut, ServerFaults, kill_all, restart_all, shared_or_new,
-};
+use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults, shared_or_new};
+use crate::harness::ServerProcess;
 use crate::harness::ZkEnsemble;
 
 /// The ZooKeeper backend on a standalone server.
@@ -21,6 +20,7 @@ pub const FACTORY: Factory = Factory {
     capabilities: || distlock_zk::CAPABILITIES.clone(),
     shared: || Box::pin(async { deploy("zk", 1, true).await as Arc<dyn Deployment> }),
     isolated: Some(|| Box::pin(async { deploy("zk", 1, false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: false,
 };
 
 /// The ZooKeeper backend on a 3-node ensemble.
@@ -29,9 +29,11 @@ pub const ENSEMBLE_FACTORY: Factory = Factory {
     capabilities: || distlock_zk::CAPABILITIES.clone(),
     shared: || Box::pin(async { deploy("zk3", 3, true).await as Arc<dyn Deployment> }),
     isolated: Some(|| Box::pin(async { deploy("zk3", 3, false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: true,
 };
 
-const TTL: Duration = Duration::from_secs(2);
+/// The shortest session a stock server negotiates (2 x its 2 s tick).
+const TTL: Duration = Duration::from_secs(4);
 
 /// The options every client of the suite uses.
 pub fn options() -> ZkOptions {
@@ -77,11 +79,13 @@ pub struct ZkDeployment {
 }
 
 impl ServerFaults for ZkDeployment {
-    fn kill_all(&self) {
-        kill_all(&self.ensemble.nodes);
+    fn processes(&self) -> Vec<&ServerProcess> {
+        self.ensemble.nodes.iter().collect()
     }
-    fn restart_all(&self) {
-        restart_all(&self.ensemble.nodes);
+    fn leader(&self) -> Option<usize> {
+        (self.ensemble.nodes.len() > 1)
+            .then(|| self.ensemble.leader())
+            .flatten()
     }
 }
 
@@ -148,12 +152,22 @@ impl Deployment for ZkDeployment {
 
     fn url(&self) -> Option<String> {
         Some(format!(
-            "zk://{}?root=/distlock-test&session_timeout=2s&op_timeout=1s",
+            "zk://{}?root=/distlock-test&session_timeout=4s&op_timeout=1s",
             self.ensemble.connect_string()
         ))
     }
 
     fn servers(&self) -> Option<&dyn ServerFaults> {
         self.owns_ensemble.then_some(self as &dyn ServerFaults)
+    }
+
+    /// ZooKeeper does not tell a session's remaining time: the negotiated timeout bounds it.
+    async fn server_expiry(&self, name: &LockName) -> Option<Duration> {
+        (self.artifacts(name).await > 0).then_some(TTL)
+    }
+
+    /// Two session timeouts: the client's own pings must keep the session alive.
+    fn idle(&self) -> Duration {
+        TTL * 2
     }
 }

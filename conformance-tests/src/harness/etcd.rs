@@ -70,8 +70,8 @@ impl EtcdCluster {
                 format!("--initial-cluster={initial}"),
                 "--initial-cluster-state=new".into(),
                 "--initial-cluster-token=distlock-test".into(),
-                "--heartbeat-interval=100".into(),
-                "--election-timeout=1000".into(),
+                // Stock timing and gRPC keep-alive policy (users' servers run them): only
+                // addresses, the data dir, logging and TLS are set.
                 "--logger=zap".into(),
                 "--log-level=warn".into(),
             ];

@@ -12,8 +12,11 @@ use super::{
 const BINARY: &str = "/usr/bin/redis-server";
 const CLI: &str = "/usr/bin/redis-cli";
 
-/// One redis-server on a free loopback port, without persistence (a restart comes back empty,
-/// which is the Redlock crash hazard the tests need).
+/// `--save ""`: no snapshot rules (see [`RedisServer::start_without_persistence`]).
+const NO_PERSISTENCE: &[&str] = &["--save", ""];
+
+/// One redis-server on a free loopback port, with redis-server's stock settings (as users run
+/// it) apart from the port, the bind address, the data dir and what a caller passes.
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
@@ -26,6 +29,12 @@ impl RedisServer {
     /// Starts it and waits for `PONG`.
     pub fn start() -> Result<Self, HarnessError> {
         Self::start_with(&[], None)
+    }
+
+    /// Starts it with no snapshots, so a killed server restarts empty: the crash hazard the
+    /// Redlock and failover tests exist to show (stock snapshot rules could save a lock first).
+    pub fn start_without_persistence() -> Result<Self, HarnessError> {
+        Self::start_with(NO_PERSISTENCE, None)
     }
 
     /// Starts it with extra `redis-server` arguments, and also serving TLS with `tls` on a port
@@ -47,14 +56,6 @@ impl RedisServer {
             &port.to_string(),
             "--bind",
             "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "no",
-            "--repl-diskless-sync-delay",
-            "0",
             "--dir",
             &dir.path().to_string_lossy(),
         ]
@@ -163,11 +164,12 @@ pub struct RedisMasters {
 }
 
 impl RedisMasters {
-    /// Starts `n` servers.
+    /// Starts `n` servers, without persistence: a crashed master restarts empty, which is the
+    /// hazard Redlock's tests show.
     pub fn start(n: usize) -> Result<Self, HarnessError> {
         Ok(RedisMasters {
             nodes: (0..n)
-                .map(|_| RedisServer::start())
+                .map(|_| RedisServer::start_without_persistence())
                 .collect::<Result<_, _>>()?,
         })
     }
@@ -203,8 +205,6 @@ impl RedisCluster {
                         "yes",
                         "--cluster-config-file",
                         "nodes.conf",
-                        "--cluster-node-timeout",
-                        "5000",
                     ],
                     None,
                 )
@@ -254,21 +254,28 @@ pub struct RedisReplicated {
 }
 
 impl RedisReplicated {
-    /// Starts both and waits until the replica is in sync.
+    /// Starts both (without persistence: a killed master must come back empty for the
+    /// failover hazard) and waits until the replica is in sync.
     pub fn start() -> Result<Self, HarnessError> {
-        let master = RedisServer::start()?;
+        let master = RedisServer::start_without_persistence()?;
         let link = Proxy::start(local(master.port)).map_err(|source| HarnessError::Io {
             server: "replication proxy".into(),
             source,
         })?;
         let link_port = link.addr().port().to_string();
+        // The replica's first sync starts at once (stock waits 5 s for more replicas), and a
+        // blackholed link does not time out during a test (stock: 60 s, said here for clarity).
         let replica = RedisServer::start_with(
             &[
+                "--save",
+                "",
                 "--replicaof",
                 "127.0.0.1",
                 &link_port,
                 "--repl-timeout",
                 "60",
+                "--repl-diskless-sync-delay",
+                "0",
             ],
             None,
         )?;

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use super::{
-    HarnessError, ServerProcess, TempDir, ask, free_port, local, require, retry_port_clash,
+    HarnessError, Proxy, ProxyMode, ServerProcess, TempDir, ask, free_port, local, require,
+    retry_port_clash,
 };
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -16,18 +17,48 @@ pub struct ZkEnsemble {
     pub client_ports: Vec<u16>,
     /// The nodes' processes, for faults.
     pub nodes: Vec<ServerProcess>,
+    /// The peer-link proxies, by (dialling node, dialled node), when started with them.
+    links: Vec<((usize, usize), Proxy)>,
     _dir: TempDir,
 }
 
 impl ZkEnsemble {
-    /// Starts the nodes (small heaps, serial GC, admin server off, so they fit 2 cores; no cap on
-    /// connections per address, since every client is on loopback) and waits
-    /// until each serves (`srvr` reports standalone, leader or follower).
+    /// Starts the nodes with Debian's stock `zoo.cfg` timing (`tickTime=2000`, `initLimit=10`,
+    /// `syncLimit=5`: sessions of 4 s to 40 s, as users' servers negotiate them) and waits until
+    /// each serves (`srvr` reports standalone, leader or follower). Besides ports and data dirs,
+    /// only what the harness itself needs differs from stock: small heaps and serial GC (2
+    /// cores), the admin server off (every node would take port 8080), the four-letter words
+    /// the harness reads (`srvr`, `mntr`), and no cap on connections per address (every client
+    /// of the suite comes from loopback, where users' clients come from many hosts).
     pub fn start(n: usize) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_once(n))
+        retry_port_clash(|| Self::start_once(n, false))
     }
 
-    fn start_once(n: usize) -> Result<Self, HarnessError> {
+    /// Like [`ZkEnsemble::start`], with every peer link (node `i` dialling node `j`, quorum and
+    /// election ports) through a [`Proxy`] of its own: [`ZkEnsemble::isolate`] then cuts one
+    /// node off from the others while its clients still reach it.
+    pub fn start_with_peer_links(n: usize) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(n, true))
+    }
+
+    /// Blackholes (`true`) or restores every peer link to and from node `i`.
+    pub fn isolate(&self, i: usize, cut: bool) {
+        let mode = if cut {
+            ProxyMode::Blackhole
+        } else {
+            ProxyMode::Pass
+        };
+        for ((from, to), proxy) in &self.links {
+            if *from == i || *to == i {
+                proxy.set_mode(mode);
+                if !cut {
+                    proxy.reset();
+                }
+            }
+        }
+    }
+
+    fn start_once(n: usize, peer_links: bool) -> Result<Self, HarnessError> {
         require(JAVA, "default-jre-headless")?;
         require(JAR, "zookeeper")?;
         let dir = TempDir::new("zk").map_err(|source| HarnessError::Io {
@@ -40,20 +71,36 @@ impl ZkEnsemble {
         };
         let client_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
         let quorum: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        // Node i dials node j at these ports: its real ones, or a proxy per link.
+        let mut links = Vec::new();
+        let mut dial = vec![quorum.clone(); n];
+        if peer_links {
+            for (i, row) in dial.iter_mut().enumerate() {
+                for (j, (p1, p2)) in quorum.iter().enumerate() {
+                    if i == j {
+                        continue;
+                    }
+                    let q = Proxy::start(local(*p1)).map_err(io)?;
+                    let e = Proxy::start(local(*p2)).map_err(io)?;
+                    row[j] = (q.addr().port(), e.addr().port());
+                    links.push(((i, j), q));
+                    links.push(((i, j), e));
+                }
+            }
+        }
         let mut pending = Vec::new();
         for (i, &port) in client_ports.iter().enumerate() {
             let data = dir.path().join(format!("z{i}"));
             std::fs::create_dir_all(&data).map_err(io)?;
             let mut cfg = format!(
-                "tickTime=200\ninitLimit=20\nsyncLimit=5\ndataDir={}\nclientPort={port}\n\
+                "tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\n\
                  clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                 4lw.commands.whitelist=srvr,ruok,stat,mntr\nmaxSessionTimeout=60000\n\
-                 maxClientCnxns=0\n",
+                 4lw.commands.whitelist=srvr,ruok,stat,mntr\nmaxClientCnxns=0\n",
                 data.display()
             );
             if n > 1 {
                 std::fs::write(data.join("myid"), format!("{}\n", i + 1)).map_err(io)?;
-                for (j, (p1, p2)) in quorum.iter().enumerate() {
+                for (j, (p1, p2)) in dial[i].iter().enumerate() {
                     cfg.push_str(&format!("server.{}=127.0.0.1:{p1}:{p2}\n", j + 1));
                 }
             }
@@ -103,6 +150,7 @@ impl ZkEnsemble {
         Ok(ZkEnsemble {
             client_ports,
             nodes,
+            links,
             _dir: dir,
         })
     }

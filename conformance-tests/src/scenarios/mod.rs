@@ -5,11 +5,15 @@ mod basic;
 mod cancellation;
 mod faults;
 mod fencing;
+mod idle;
 mod liveness;
 mod lost;
 mod ownership;
 mod process;
 mod reentrancy;
+mod release;
+mod renewal;
+mod run;
 mod waiting;
 
 use std::sync::Arc;
@@ -26,11 +30,15 @@ pub use basic::*;
 pub use cancellation::*;
 pub use faults::*;
 pub use fencing::*;
+pub use idle::*;
 pub use liveness::*;
 pub use lost::*;
 pub use ownership::*;
 pub use process::*;
 pub use reentrancy::*;
+pub use release::*;
+pub use renewal::*;
+pub use run::*;
 pub use waiting::*;
 
 use crate::deployment::Deployment;
@@ -104,12 +112,16 @@ impl Counting {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl LockBackend for Counting {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
+    }
+    fn lease_ttl(&self, requested: Duration) -> Duration {
+        self.inner.lease_ttl(requested)
     }
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> distlock_api::Result<Grant> {
         self.inner.try_acquire(name, ttl).await
@@ -129,13 +141,17 @@ impl LockBackend for Counting {
     async fn renew_batch(
         &self,
         batch: &[(&GrantKey, Duration)],
+        deadline: Instant,
     ) -> Vec<distlock_api::Result<Renewal>> {
         self.renewals.fetch_add(batch.len(), Ordering::SeqCst);
-        let out = self.inner.renew_batch(batch).await;
+        let out = self.inner.renew_batch(batch, deadline).await;
         self.batches.fetch_add(1, Ordering::SeqCst);
         out
     }
     async fn release(&self, key: &GrantKey) -> distlock_api::Result<bool> {
         self.inner.release(key).await
+    }
+    async fn abandon(&self, key: &GrantKey) {
+        self.inner.abandon(key).await
     }
 }

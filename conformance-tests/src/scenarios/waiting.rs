@@ -40,6 +40,33 @@ pub async fn waiter_wakes_promptly_after_release(d: &dyn Deployment) {
     assert!(lease.release().await.expect("release"));
 }
 
+/// A waiter that waited longer than the TTL (its session, where it has one, counted from its
+/// enqueue long ago) gets a lease that is alive: not already lost, with most of a validity
+/// window left, and renewable.
+pub async fn a_waiter_that_waited_past_the_ttl_gets_a_live_lease(d: &dyn Deployment) {
+    let name = unique("long-wait");
+    let (a, b) = (client(d).await, client(d).await);
+    let held = a.try_acquire(&name, &opts(d)).await.expect("acquire");
+    let (n, o, ttl) = (name.clone(), opts(d), d.ttl());
+    let waiter = tokio::spawn(async move { b.acquire(&n, &o, ttl * 6).await });
+    sleep(ttl * 3 / 2).await;
+    assert!(held.release().await.expect("release"));
+    let lease = waiter.await.expect("waiter").expect("the waiter's acquire");
+    assert_eq!(
+        lease.lost_reason(),
+        None,
+        "granted a lease that was already lost"
+    );
+    let window = opts(d).window(lease.ttl());
+    assert!(
+        lease.remaining() >= window / 2,
+        "granted with {:?} left of a {window:?} window",
+        lease.remaining()
+    );
+    lease.renew(d.ttl()).await.expect("renew");
+    assert!(lease.release().await.expect("release"));
+}
+
 /// A waiter whose own client/session dies while it waits gets an error, not the lock, and its
 /// queue entry goes away.
 pub async fn waiter_whose_session_dies_gets_an_error(d: &dyn Deployment) {

@@ -1,0 +1,145 @@
+//! Redis (one server, and a Cluster) under faults the conformance suite cannot express
+//! generically: one hung Cluster node, a script cache flushed on a slow link.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{AcquireOptions, Lease, LockBackend, LockClient};
+use distlock_conformance::deployments::redis::options;
+use distlock_conformance::harness::{Proxy, ProxyMode, RedisCluster, RedisServer};
+use distlock_redis::keys::lock_keys;
+use distlock_redis::{RedisBackend, RedisOptions};
+use tokio::time::sleep;
+
+async fn start<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("start")
+}
+
+/// The index of the node that owns `lease`'s key (the one that answers `EXISTS` with a count
+/// instead of a redirection).
+fn owner(cluster: &RedisCluster, lease: &Lease) -> usize {
+    cluster
+        .nodes
+        .iter()
+        .position(|n| {
+            n.command(&format!("EXISTS {}", lease.backend_key()))
+                .is_some_and(|r| r.starts_with(":1"))
+        })
+        .expect("some node holds the key")
+}
+
+/// One master of a 3-master Cluster stopped (SIGSTOP): the leases on the two healthy masters
+/// stay renewed and held; only the stopped master's leases are lost. Then, with the script
+/// cache flushed on the healthy masters, acquires there still work (the script is not loaded on
+/// every node, which would wait for the stopped one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hung_cluster_node_costs_only_its_own_leases() {
+    let cluster = start(|| RedisCluster::start(3).expect("cluster")).await;
+    let ttl = Duration::from_secs(2);
+    let backend: Arc<dyn LockBackend> = Arc::new(
+        RedisBackend::connect_cluster(&cluster.urls(), options())
+            .await
+            .expect("connect"),
+    );
+    let client = LockClient::new(backend);
+    let mut leases = Vec::new();
+    for i in 0..12 {
+        let lease = client
+            .try_acquire(&format!("hung-{i}"), &AcquireOptions::with_ttl(ttl))
+            .await
+            .expect("acquire");
+        let at = owner(&cluster, &lease);
+        leases.push((at, lease));
+    }
+    let stopped = leases[0].0;
+    assert!(
+        leases.iter().any(|(at, _)| *at != stopped),
+        "every key landed on one node"
+    );
+    cluster.nodes[stopped].process().pause();
+    // Two TTLs: every lease went through several renewal ticks, each with the stopped node's
+    // slot group hanging (the Cluster itself notices a stopped node only after 15 s).
+    sleep(ttl * 2).await;
+    for (at, lease) in &leases {
+        if *at == stopped {
+            assert!(
+                lease.lost_reason().is_some(),
+                "a lease on the stopped node was not lost"
+            );
+        } else {
+            assert_eq!(
+                lease.lost_reason(),
+                None,
+                "a lease on a healthy node was lost"
+            );
+        }
+    }
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        if i != stopped {
+            assert!(
+                node.command("SCRIPT FLUSH")
+                    .is_some_and(|r| r.starts_with("+OK"))
+            );
+        }
+    }
+    let mut fresh = 0;
+    for i in 0..12 {
+        let name = format!("after-flush-{i}");
+        let keys = lock_keys(
+            &options().prefix,
+            &distlock::LockName::new(name.as_str()).expect("valid"),
+        );
+        let on_healthy = cluster.nodes.iter().enumerate().any(|(i, n)| {
+            i != stopped
+                && n.command(&format!("EXISTS {}", keys.lock))
+                    .is_some_and(|r| r.starts_with(':'))
+        });
+        if !on_healthy {
+            continue; // its slot is on the stopped node
+        }
+        let lease = client
+            .try_acquire(&name, &AcquireOptions::with_ttl(ttl))
+            .await
+            .expect("acquire on a healthy node with its script cache flushed");
+        assert!(lease.release().await.expect("release"));
+        fresh += 1;
+    }
+    assert!(fresh > 0, "no name landed on a healthy node");
+    cluster.nodes[stopped].process().resume();
+}
+
+/// On a link with 350 ms each way and a 1 s per-request timeout, a call that finds the script
+/// cache empty (`NOSCRIPT`, then the script sent again) needs two round trips, 1.4 s: each send
+/// gets its own timeout, so the acquire and a clean-up release still go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_cache_on_a_slow_link_costs_no_call() {
+    let server = start(|| RedisServer::start().expect("redis")).await;
+    let proxy = Proxy::start(([127, 0, 0, 1], server.port()).into()).expect("proxy");
+    let o = RedisOptions {
+        op_timeout: Duration::from_secs(1),
+        ..options()
+    };
+    let client = LockClient::new(Arc::new(
+        RedisBackend::connect(&format!("redis://{}", proxy.addr()), o)
+            .await
+            .expect("connect"),
+    ));
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(350)));
+    let ttl = AcquireOptions::with_ttl(Duration::from_secs(10));
+    let lease = client
+        .try_acquire("slow-noscript", &ttl)
+        .await
+        .expect("acquire through NOSCRIPT on a slow link");
+    assert!(
+        server
+            .command("SCRIPT FLUSH")
+            .is_some_and(|r| r.starts_with("+OK"))
+    );
+    assert!(
+        lease
+            .release()
+            .await
+            .expect("release through NOSCRIPT on a slow link"),
+        "the release did not find its lock"
+    );
+}
