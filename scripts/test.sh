@@ -26,6 +26,22 @@ before=$(pgrep -f "$servers" | sort || true)
 echo "== format and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The facade alone, as README's first command builds it (memory backend only).
+cargo clippy -p distlock --all-targets --quiet -- -D warnings
+
+echo "== README's first command on a machine without protoc (its own target dir, PROTOC failing)"
+first=(env PROTOC=/bin/false CARGO_TARGET_DIR=target/first-command cargo run -q -p distlock --example oversell --)
+"${first[@]}" --short | tail -n 4
+# A scheme whose backend that build left out is refused, naming the feature to enable.
+if out=$("${first[@]}" --backend etcd://127.0.0.1:1 2>&1); then
+  echo "the memory-only build accepted an etcd URL"; exit 1
+fi
+grep -q 'cargo feature "etcd"' <<<"$out" || { echo "no feature named in: $out"; exit 1; }
+
+echo "== docs and packages"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+cargo package --workspace --no-verify --allow-dirty --quiet \
+  --exclude distlock-conformance --exclude distlock-bench
 
 echo "== tests"
 # Two threads: the server suites share the machine's 2 cores with the servers they start.

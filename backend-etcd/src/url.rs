@@ -8,6 +8,20 @@ use distlock_api::url::BackendUrl;
 
 use crate::config::{EtcdOptions, EtcdTls};
 
+/// Every option an `etcd` URL (or a configuration table) takes; any other is refused.
+pub const OPTIONS: &[&str] = &[
+    "session_ttl",
+    "op_timeout",
+    "connect_timeout",
+    "keepalive",
+    "ca",
+    "cert",
+    "key",
+    "tls_domain",
+    "user",
+    "password",
+];
+
 /// The members and the options, from an `etcd://` URL.
 ///
 /// # Errors
@@ -23,22 +37,30 @@ pub fn from_url(url: &mut BackendUrl) -> Result<(Vec<String>, EtcdOptions)> {
     url.take_duration("connect_timeout", &mut o.connect_timeout)?;
     url.take_duration("keepalive", &mut o.keepalive)?;
     let (ca, client_identity) = url.take_tls_files()?;
-    match (ca, client_identity) {
-        (Some(ca_pem), client_identity) => {
+    let domain = url.take("tls_domain");
+    match (ca, client_identity, domain) {
+        (Some(ca_pem), client_identity, domain) => {
             o.tls = Some(EtcdTls {
                 ca_pem,
                 client_identity,
-                domain: url.take("tls_domain"),
+                domain,
             });
         }
-        (None, Some(_)) => {
+        (None, Some(_), _) => {
             return Err(url.invalid_option(
                 "ca",
                 "",
                 "a client certificate needs the server's CA (ca=<pem path>)",
             ));
         }
-        (None, None) => {}
+        (None, None, Some(domain)) => {
+            return Err(url.invalid_option(
+                "tls_domain",
+                domain,
+                "TLS options need the server's CA (ca=<pem path>)",
+            ));
+        }
+        (None, None, None) => {}
     }
     let user = url.take("user").or(url.user.as_ref().map(|u| u.0.clone()));
     let password = url
@@ -46,4 +68,31 @@ pub fn from_url(url: &mut BackendUrl) -> Result<(Vec<String>, EtcdOptions)> {
         .or(url.user.as_ref().map(|u| u.1.clone()));
     o.credentials = user.map(|u| (u, password.unwrap_or_default()));
     Ok((url.endpoints()?, o))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use distlock_api::LockError;
+
+    use super::*;
+
+    /// [`OPTIONS`] is exactly what [`from_url`] takes.
+    #[test]
+    fn the_option_list_is_what_the_reader_takes() {
+        for name in OPTIONS.iter().chain(&["colour"]) {
+            let mut url = BackendUrl::parse(
+                "url",
+                &format!("etcd://127.0.0.1:1?{name}=x"),
+                &BTreeMap::new(),
+            )
+            .expect("parses");
+            let unknown = match from_url(&mut url).map(drop).and_then(|()| url.finish()) {
+                Err(LockError::InvalidConfig { reason, .. }) => reason.contains("unknown option"),
+                _ => false,
+            };
+            assert_eq!(unknown, *name == "colour", "{name}");
+        }
+    }
 }

@@ -21,7 +21,7 @@ use redis::{
 };
 
 /// A script and its source: the source is what a call resends as `EVAL` when a server does not
-/// know the script (see [`Call::run`]).
+/// know the script.
 pub struct Lua {
     script: Script,
     source: String,

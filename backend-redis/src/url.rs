@@ -16,6 +16,29 @@ use distlock_api::url::{BackendUrl, parse_duration};
 
 use crate::config::{RedisOptions, RedisTls, RedisTopology, RedlockOptions};
 
+/// Every option a `redis`, `rediss`, `redis+cluster`, `rediss+cluster` or `redis+sentinel` URL
+/// (or a configuration table) takes; any other is refused.
+pub const REDIS_OPTIONS: &[&str] = &[
+    "prefix",
+    "op_timeout",
+    "connect_timeout",
+    "min_replicas",
+    "replica_timeout",
+    "ca",
+    "cert",
+    "key",
+];
+
+/// Every option a `redlock` URL (or a configuration table) takes; any other is refused.
+pub const REDLOCK_OPTIONS: &[&str] = &[
+    "prefix",
+    "node_timeout",
+    "connect_timeout",
+    "drift_factor",
+    "retry_count",
+    "retry_delay",
+];
+
 /// Where and how to connect, from a `redis`, `rediss`, `redis+cluster`, `rediss+cluster` or
 /// `redis+sentinel` URL.
 ///
@@ -135,4 +158,43 @@ pub fn redlock_from_url(url: &mut BackendUrl) -> Result<(Vec<String>, RedlockOpt
         hosts.iter().map(|h| format!("redis://{auth}{h}")).collect(),
         o,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use distlock_api::LockError;
+
+    use super::*;
+
+    /// The option lists say exactly what the readers take: each listed option is read (a bad
+    /// value is an error about that option, never "unknown"), and an unlisted one is left over.
+    #[test]
+    fn the_option_lists_are_what_the_readers_take() {
+        type Reader = fn(&mut BackendUrl) -> Result<()>;
+        let redis: Reader = |u| redis_from_url(u).map(drop);
+        let redlock: Reader = |u| redlock_from_url(u).map(drop);
+        for (base, options, read) in [
+            ("rediss://127.0.0.1:1", REDIS_OPTIONS, redis),
+            (
+                "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+                REDLOCK_OPTIONS,
+                redlock,
+            ),
+        ] {
+            for name in options.iter().chain(&["colour"]) {
+                let mut url =
+                    BackendUrl::parse("url", &format!("{base}?{name}=x"), &BTreeMap::new())
+                        .expect("parses");
+                let unknown = match read(&mut url).and_then(|()| url.finish()) {
+                    Err(LockError::InvalidConfig { reason, .. }) => {
+                        reason.contains("unknown option")
+                    }
+                    _ => false,
+                };
+                assert_eq!(unknown, *name == "colour", "{base}: {name}");
+            }
+        }
+    }
 }

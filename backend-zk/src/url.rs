@@ -8,6 +8,16 @@ use distlock_api::url::{BackendUrl, parse_duration};
 
 use crate::config::{NodeAcl, OnDisconnect, ZkOptions};
 
+/// Every option a `zk` URL (or a configuration table) takes; any other is refused.
+pub const OPTIONS: &[&str] = &[
+    "root",
+    "session_timeout",
+    "op_timeout",
+    "connect_timeout",
+    "on_disconnect",
+    "acl",
+];
+
 /// The connect string (chroot included) and the options, from a `zk://` URL.
 ///
 /// # Errors
@@ -44,4 +54,31 @@ pub fn from_url(url: &mut BackendUrl) -> Result<(String, ZkOptions)> {
     let hosts = url.endpoints()?.join(",");
     let chroot = url.path.trim_end_matches('/');
     Ok((format!("{hosts}{chroot}"), o))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use distlock_api::LockError;
+
+    use super::*;
+
+    /// [`OPTIONS`] is exactly what [`from_url`] takes.
+    #[test]
+    fn the_option_list_is_what_the_reader_takes() {
+        for name in OPTIONS.iter().chain(&["colour"]) {
+            let mut url = BackendUrl::parse(
+                "url",
+                &format!("zk://127.0.0.1:1?{name}=x"),
+                &BTreeMap::new(),
+            )
+            .expect("parses");
+            let unknown = match from_url(&mut url).map(drop).and_then(|()| url.finish()) {
+                Err(LockError::InvalidConfig { reason, .. }) => reason.contains("unknown option"),
+                _ => false,
+            };
+            assert_eq!(unknown, *name == "colour", "{name}");
+        }
+    }
 }

@@ -16,8 +16,12 @@
 //! * [`Locks`]: profiles per grade from a [`Config`] (TOML + environment through figment); a
 //!   correctness profile that points at a backend that cannot give correctness is refused at
 //!   load time ([`ConfigError::GradeMismatch`]).
-//! * [`connect`] / [`BackendSpec`]: a backend from a URL; schemes `memory`, and with the cargo
-//!   features of the same name (on by default) `redis`, `etcd`, `zk`.
+//! * [`connect`] / [`BackendSpec`]: a backend from a URL; scheme `memory` always, and with the
+//!   cargo features of the same name `redis`, `etcd`, `zk` (`all` enables them), whose backend
+//!   crates are re-exported as [`redis`], [`etcd`], [`zk`] for their guarded writes and options.
+//!
+//! The user guide (install, choosing a backend, every configuration key, the lease, fencing
+//! recipes, testing with the memory backend, operations) is `docs/guide.md` in the repository.
 //! * Everything of [`distlock_api`] is re-exported: the contract, [`Lease`], [`Fence`], the
 //!   "efficiency or correctness?" table.
 #![deny(missing_docs)]
@@ -32,3 +36,19 @@ pub use distlock_api::*;
 pub use error::ConfigError;
 pub use locks::{Acquire, Locks, connect};
 pub use spec::{BackendSpec, SCHEMES, Scheme, known_schemes, parse_duration, redact};
+
+/// The etcd backend (`etcd` feature): [`etcd::EtcdBackend`] and its guarded transactions.
+#[cfg(feature = "etcd")]
+pub use distlock_etcd as etcd;
+/// The Redis backends (`redis` feature): one server, Cluster, Sentinel, and Redlock.
+#[cfg(feature = "redis")]
+pub use distlock_redis as redis;
+/// The ZooKeeper backend (`zk` feature): [`zk::ZkBackend`] and its guarded writes.
+#[cfg(feature = "zk")]
+pub use distlock_zk as zk;
+
+/// The user guide's snippets, compiled (and, those that need no server, run) as doctests: the
+/// guide cannot drift from the API.
+#[cfg(all(doctest, feature = "all"))]
+#[doc = include_str!("../../docs/guide.md")]
+pub struct Guide;

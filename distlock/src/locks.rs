@@ -168,6 +168,15 @@ impl Locks {
     }
 
     /// An efficiency lock on `name` (a rare double run only wastes work).
+    ///
+    /// # Examples
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = distlock::Locks::load(None).await?; // no file: the embedded memory backend
+    /// let lease = locks.efficiency("cache:42").try_now().await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn efficiency(&self, name: &str) -> Acquire<'_> {
         Acquire {
             profile: Ok(&self.efficiency),
@@ -178,6 +187,18 @@ impl Locks {
 
     /// A correctness lock on `name` (a double run loses money): from the correctness profile,
     /// always with a fencing token the protected resource must check.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = distlock::Locks::load(None).await?;
+    /// let lease = locks.correctness("payment:7").wait(Duration::from_secs(5)).await?;
+    /// let token = lease.fencing_token().expect("correctness leases are fenced");
+    /// # let _ = token;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn correctness(&self, name: &str) -> Acquire<'_> {
         Acquire {
             profile: self.correctness.as_ref().ok_or(&self.efficiency),

@@ -72,6 +72,21 @@ impl LockClient {
     /// # Errors
     /// `Busy`; `InvalidName` / `InvalidConfig` / `Unsupported` before any I/O; `Lost` when
     /// re-entering a lease that was lost; backend failures.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use distlock_api::{AcquireOptions, LockClient, LockError, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> distlock_api::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let (a, b) = (LockClient::new(Arc::new(store.client())), LockClient::new(Arc::new(store.client())));
+    /// let opts = AcquireOptions::with_ttl(Duration::from_secs(10));
+    /// let held = a.try_acquire("cron:nightly", &opts).await?;
+    /// assert!(matches!(b.try_acquire("cron:nightly", &opts).await, Err(LockError::Busy { .. })));
+    /// held.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn try_acquire(&self, name: &str, opts: &AcquireOptions) -> Result<Lease> {
         self.acquire_inner(name, opts, None).await
     }
@@ -84,6 +99,20 @@ impl LockClient {
     ///
     /// # Cancel safety
     /// Dropping the future at any point leaves no lock held, nothing queued and nothing renewing.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use distlock_api::{AcquireOptions, LockClient, memory::MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> distlock_api::Result<()> {
+    /// let locks = LockClient::new(Arc::new(MemoryBackend::default()));
+    /// let opts = AcquireOptions::with_ttl(Duration::from_secs(10));
+    /// let lease = locks.acquire("stock:sku-42", &opts, Duration::from_secs(5)).await?;
+    /// // ... work while `lease.remaining()` is above zero, or select on `lease.lost()` ...
+    /// assert!(lease.release().await?);
+    /// # Ok(()) }
+    /// ```
     pub async fn acquire(
         &self,
         name: &str,

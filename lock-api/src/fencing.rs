@@ -71,12 +71,36 @@ impl Fence {
     }
 
     /// Accepts `token` and records it, or rejects it as stale.
+    ///
+    /// # Errors
+    /// [`StaleToken`] when a higher token was accepted before.
+    ///
+    /// # Examples
+    /// ```
+    /// use distlock_api::{Fence, FencingToken};
+    /// let fence = Fence::new();
+    /// fence.check(FencingToken(7)).unwrap();
+    /// assert!(fence.check(FencingToken(5)).is_err(), "a paused old holder is refused");
+    /// ```
     pub fn check(&self, token: FencingToken) -> Result<(), StaleToken> {
         self.guarded(token, || ())
     }
 
     /// Runs `write` only if `token` passes, atomically with the check (no other check can slip
     /// between them), and records the token.
+    ///
+    /// # Errors
+    /// [`StaleToken`] (and `write` does not run) when a higher token was accepted before.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::Mutex;
+    /// use distlock_api::{Fence, FencingToken};
+    /// let (fence, stock) = (Fence::new(), Mutex::new(100));
+    /// fence.guarded(FencingToken(3), || *stock.lock().unwrap() -= 1).unwrap();
+    /// assert!(fence.guarded(FencingToken(2), || *stock.lock().unwrap() -= 1).is_err());
+    /// assert_eq!(*stock.lock().unwrap(), 99);
+    /// ```
     pub fn guarded<R>(
         &self,
         token: FencingToken,

@@ -303,6 +303,22 @@ impl Lease {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future loses nothing; call again to keep waiting.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use distlock_api::{AcquireOptions, LockClient, memory::MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> distlock_api::Result<()> {
+    /// let locks = LockClient::new(Arc::new(MemoryBackend::default()));
+    /// let lease = locks.try_acquire("job", &AcquireOptions::with_ttl(Duration::from_secs(10))).await?;
+    /// tokio::select! {
+    ///     reason = lease.lost() => eprintln!("stop acting as the holder: {reason}"),
+    ///     _ = tokio::time::sleep(Duration::from_millis(10)) => { /* the work */ }
+    /// }
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn lost(&self) -> LostReason {
         self.lost_signal().wait().await
     }
@@ -318,6 +334,21 @@ impl Lease {
     /// [`LockError::NotHeld`] after release; [`LockError::InvalidConfig`] for a zero TTL or one
     /// whose validity window the renewal period does not fit in (before any I/O); backend errors
     /// as they come (the lease stays valid until its deadline, and the watchdog keeps trying).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use distlock_api::{AcquireOptions, LockClient, memory::MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> distlock_api::Result<()> {
+    /// let locks = LockClient::new(Arc::new(MemoryBackend::default()));
+    /// let opts = AcquireOptions::with_ttl(Duration::from_secs(30)).fixed();
+    /// let lease = locks.try_acquire("batch", &opts).await?;
+    /// lease.renew(Duration::from_secs(5)).await?; // shorter: the lease now ends sooner
+    /// assert!(lease.remaining() <= Duration::from_secs(5));
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn renew(&self, ttl: Duration) -> Result<()> {
         if ttl.is_zero() {
             return Err(LockError::invalid_config("ttl", ttl, "must be above zero"));
@@ -370,6 +401,10 @@ impl Lease {
     ///
     /// # Cancel safety
     /// Dropping this future does not stop the release: it goes on in a background task.
+    ///
+    /// # Examples
+    /// See [`crate::LockClient::acquire`]; dropping the lease instead releases it in the
+    /// background.
     pub async fn release(mut self) -> Result<bool> {
         self.done = true;
         if !self.shared.drop_hold() {

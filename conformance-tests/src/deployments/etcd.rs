@@ -1,6 +1,6 @@
 //! etcd: a single member ([`FACTORY`]) or a 3-member cluster ([`CLUSTER_FACTORY`]), shared by
 //! the scenarios, and a deployment of its own for the scenario that kills servers. Cut clients go
-//! through a [`Proxy`] per member.
+//! through a [`Proxy`](crate::harness::Proxy) per member.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

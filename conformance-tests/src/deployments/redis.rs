@@ -1,5 +1,5 @@
 //! Redis: one redis-server shared by the scenarios (unique names keep them apart), and a
-//! server of its own for the scenario that kills it. Cut clients go through a [`Proxy`].
+//! server of its own for the scenario that kills it. Cut clients go through a [`Proxy`](crate::harness::Proxy).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! Redlock over 5 independent redis-server masters, shared by the scenarios, and a set of its own
-//! for the scenario that kills servers. Cut clients go through a [`Proxy`] per node.
+//! for the scenario that kills servers. Cut clients go through a [`Proxy`](crate::harness::Proxy) per node.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};

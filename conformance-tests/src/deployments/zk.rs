@@ -1,6 +1,6 @@
 //! ZooKeeper: a standalone server ([`FACTORY`]) or a 3-node ensemble ([`ENSEMBLE_FACTORY`]),
 //! shared by the scenarios, and a deployment of its own for the scenario that kills servers. Cut
-//! clients go through a [`Proxy`] per node.
+//! clients go through a [`Proxy`](crate::harness::Proxy) per node.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
