@@ -263,7 +263,9 @@ impl EtcdBackend {
     /// did. A key path is reused by the session's next attempt on the name once freed, so a
     /// plain delete that arrives late (a timed-out try that etcd still applies, a background
     /// clean-up racing the next acquire) could delete the next grant's key: the compare makes a
-    /// late delete find nothing. Safe to repeat, one round trip like a plain delete.
+    /// late delete find nothing. Safe to repeat, one round trip like a plain delete. (No test
+    /// shows the late delete: it needs etcd to apply a request after a later one of the same
+    /// client, which the harness's proxy, delaying a whole connection in order, cannot arrange.)
     async fn delete_ours(&self, key: &str, secret: &str) -> Result<bool> {
         let txn = Txn::new()
             .when([Compare::value(key, CompareOp::Equal, secret)])
