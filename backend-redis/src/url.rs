@@ -64,7 +64,7 @@ pub fn redis_from_url(url: &mut BackendUrl) -> Result<(RedisTopology, RedisOptio
         if !tls {
             return Err(url.invalid_option(
                 "ca",
-                url.base.clone(),
+                distlock_api::url::redact(&url.base),
                 "TLS options need a rediss:// URL",
             ));
         }

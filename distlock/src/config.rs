@@ -98,8 +98,9 @@ pub struct LeaseConfig {
     pub renew_every: Option<OptionValue>,
 }
 
-/// The whole configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The whole configuration. Its `Debug` shows no password, wherever one was written (a URL in
+/// a profile by mistake included).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Backends by name.
@@ -115,6 +116,18 @@ pub struct Config {
     /// Lease defaults.
     #[serde(default)]
     pub lease: LeaseConfig,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = |n: &Option<String>| n.as_deref().map(redact);
+        f.debug_struct("Config")
+            .field("backends", &self.backends)
+            .field("efficiency", &name(&self.efficiency))
+            .field("correctness", &name(&self.correctness))
+            .field("lease", &self.lease)
+            .finish()
+    }
 }
 
 fn default_backends() -> BTreeMap<String, BackendConfig> {

@@ -104,7 +104,7 @@ impl Locks {
                     Some(name) if specs.contains_key(name) => Ok(Some(name.clone())),
                     Some(name) => Err(ConfigError::UnknownBackend {
                         profile: profile.to_string(),
-                        backend: name.clone(),
+                        backend: crate::spec::redact(name),
                         have: have(),
                     }),
                     None => Ok(only.clone()),

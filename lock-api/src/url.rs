@@ -13,8 +13,7 @@ use std::time::Duration;
 use crate::error::{LockError, Result};
 
 /// A parsed backend URL whose options are taken one by one; [`BackendUrl::finish`] refuses the
-/// ones nobody took.
-#[derive(Debug)]
+/// ones nobody took. Its `Debug` shows no password (of the authority or a `password` option).
 pub struct BackendUrl {
     /// The scheme (`redis`, `etcd+tls`, ...).
     pub scheme: String,
@@ -74,7 +73,17 @@ pub fn parse_duration(key: &str, value: &str) -> Result<Duration> {
     if !secs.is_finite() || secs <= 0.0 {
         return Err(invalid(key, value, "must be above zero"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    // Found by the generated-input tests: `from_secs_f64` panics past ~5.8e11 years.
+    Duration::try_from_secs_f64(secs).map_err(|_| invalid(key, value, "too large"))
+}
+
+/// The value of option `name` as an error may show it: a password never.
+fn hidden(name: &str, value: String) -> String {
+    if name.contains("password") {
+        "<redacted>".to_string()
+    } else {
+        value
+    }
 }
 
 /// Hides the password of `scheme://user:password@...` and of a `password=` query parameter.
@@ -90,11 +99,41 @@ pub fn redact(url: &str) -> String {
             out.replace_range(colon + 1..at, "<redacted>");
         }
     }
-    if let Some(p) = out.find("password=") {
+    // Every `password=`, not only the first (found by the generated-input tests: a repeated
+    // option showed its second value).
+    let mut from = 0;
+    while let Some(p) = out[from..].find("password=").map(|i| from + i) {
         let end = out[p..].find('&').map_or(out.len(), |i| p + i);
         out.replace_range(p + 9..end, "<redacted>");
+        from = p + 9 + "<redacted>".len();
     }
     out
+}
+
+impl std::fmt::Debug for BackendUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let options: BTreeMap<&String, &str> = self
+            .options
+            .iter()
+            .map(|(k, v)| {
+                let v = if k.contains("password") {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k, v)
+            })
+            .collect();
+        f.debug_struct("BackendUrl")
+            .field("url", &self.redacted)
+            .field("scheme", &self.scheme)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("hosts", &self.hosts)
+            .field("path", &self.path)
+            .field("options", &options)
+            .field("key", &self.key)
+            .finish()
+    }
 }
 
 impl BackendUrl {
@@ -153,7 +192,11 @@ impl BackendUrl {
         value: impl Into<String>,
         reason: impl Into<String>,
     ) -> LockError {
-        invalid(format!("{}.{name}", self.options_key), value, reason)
+        invalid(
+            format!("{}.{name}", self.options_key),
+            hidden(name, value.into()),
+            reason,
+        )
     }
 
     /// Takes option `name`, if given.
@@ -261,7 +304,7 @@ impl BackendUrl {
         match self.options.into_iter().next() {
             Some((k, v)) => Err(invalid(
                 format!("{}.{k}", self.options_key),
-                v,
+                hidden(&k, v),
                 "unknown option for this backend",
             )),
             None => Ok(()),
@@ -286,6 +329,20 @@ mod tests {
         }
     }
 
+    /// Shrunk cases the generated-input tests found (`tests/generated.rs`), kept as regressions.
+    #[test]
+    fn found_by_generated_inputs() {
+        // A duration past what `Duration` holds panicked.
+        assert!(parse_duration("k", "10000000000000000000000h").is_err());
+        // `Debug` of a parsed URL showed the authority's password.
+        let u = BackendUrl::parse("url", "://a:aaAAaA0a@", &BTreeMap::new()).unwrap();
+        assert!(!format!("{u:?}").contains("aaAAaA0a"));
+        // An unknown `password` option's error showed its value.
+        let u =
+            BackendUrl::parse("url", "memory://?password=Pz7qXk9wVt", &BTreeMap::new()).unwrap();
+        assert!(!format!("{:?}", u.finish()).contains("Pz7qXk9wVt"));
+    }
+
     #[test]
     fn redaction_hides_passwords() {
         assert_eq!(
@@ -297,6 +354,10 @@ mod tests {
             "etcd://h:1?user=u&password=<redacted>&x=1"
         );
         assert_eq!(redact("zk://h:1/app"), "zk://h:1/app");
+        assert_eq!(
+            redact("etcd://h:1?password=a&password=b"),
+            "etcd://h:1?password=<redacted>&password=<redacted>"
+        );
     }
 
     #[test]
