@@ -146,8 +146,10 @@ impl Deployment for ZkDeployment {
         TTL
     }
 
+    /// A stock server expires sessions in buckets of its 2 s tick: up to a tick after the
+    /// timeout, plus a margin.
     fn expiry_slack(&self) -> Duration {
-        Duration::from_secs(1)
+        Duration::from_millis(2_500)
     }
 
     fn url(&self) -> Option<String> {
