@@ -217,9 +217,8 @@ async fn run(d: &dyn Deployment, ops: &[Op]) -> Result<Vec<Seen>, String> {
                         );
                     tokio::time::sleep(Duration::from_millis(60)).await;
                     waiter.abort();
-                    match waiter.await {
-                        Ok(Ok(_)) => return Err(format!("{op:?}: granted while held")),
-                        _ => {}
+                    if let Ok(Ok(_)) = waiter.await {
+                        return Err(format!("{op:?}: granted while held"));
                     }
                     tokio::time::sleep(SETTLE).await;
                     Seen::Cancelled
