@@ -1,5 +1,6 @@
 //! Requests of the etcd backend, counted by the server (its metrics): a repeat acquire on an idle
-//! cluster is its put alone (the revision gap proves the queue empty), with no range read. That
+//! cluster is its put alone (the revision gap proves the queue empty), with no range read; a
+//! release is one compare-and-delete txn on the key's value. That
 //! it never passes a holder in between is the scenario `repeat_acquire_waits_for_a_holder_in_between`.
 
 use std::sync::Arc;
@@ -59,13 +60,13 @@ async fn a_repeat_acquire_on_an_idle_cluster_reads_no_queue() {
     let (ranges_after, txns_after) = counts(port).await;
     assert_eq!(
         txns_after - txns,
-        f64::from(PAIRS),
-        "one enqueue txn per acquire"
+        f64::from(2 * PAIRS),
+        "one enqueue txn per acquire, one compare-and-delete txn per release"
     );
-    // Each txn's compare reads its key; the queue read would be a second range per txn.
+    // Each txn's compare reads its key; the queue read would be one more range per acquire.
     assert_eq!(
         ranges_after - ranges,
-        f64::from(PAIRS),
+        f64::from(2 * PAIRS),
         "a repeat acquire on an idle cluster should read no range beyond its compare"
     );
     assert!(
