@@ -50,6 +50,9 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace -- --test-threads=2 2>&1 | tee "$log"
 read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log")
 
+echo "== fault campaign, short (every deployment; the full one writes docs/faults.md)"
+cargo run -q -p distlock-chaos -- campaign --short --out target/faults-short.md
+
 echo "== benchmark smoke run (a few hundred iterations; the report is docs/bench.md)"
 cargo run -q -p distlock-bench -- --smoke --out target/bench-smoke | tail -n 3
 

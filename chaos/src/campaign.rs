@@ -1,0 +1,490 @@
+//! The campaign: for each deployment and nemesis, real servers, a resource process and client
+//! processes, faults on a schedule, then the merged history through the checker.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_conformance::deployment::{Cut, ProxyCut};
+use distlock_conformance::harness::{
+    EtcdCluster, RedisMasters, RedisServer, ServerProcess, TempDir, ZkEnsemble,
+};
+use rand::Rng;
+
+use crate::check::{Findings, check};
+use crate::history::{self, Event, NEMESIS, Recorder};
+
+/// Lock clients per run.
+pub const CLIENTS: u32 = 5;
+
+/// Where a campaign runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deployment {
+    /// One redis-server, stock settings.
+    Redis,
+    /// Redlock over 3 masters without persistence (a crash restarts empty).
+    Redlock,
+    /// etcd, one member.
+    Etcd,
+    /// etcd, three members.
+    Etcd3,
+    /// ZooKeeper, standalone.
+    Zk,
+    /// ZooKeeper, three nodes.
+    Zk3,
+}
+
+/// Every deployment.
+pub const DEPLOYMENTS: [Deployment; 6] = [
+    Deployment::Redis,
+    Deployment::Redlock,
+    Deployment::Etcd,
+    Deployment::Etcd3,
+    Deployment::Zk,
+    Deployment::Zk3,
+];
+
+impl Deployment {
+    /// Its label in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Deployment::Redis => "redis",
+            Deployment::Redlock => "redlock",
+            Deployment::Etcd => "etcd",
+            Deployment::Etcd3 => "etcd3",
+            Deployment::Zk => "zk",
+            Deployment::Zk3 => "zk3",
+        }
+    }
+
+    /// The lease TTL clients use (the shortest session a stock ZooKeeper gives is 4 s).
+    pub fn ttl(self) -> Duration {
+        match self {
+            Deployment::Zk | Deployment::Zk3 => Duration::from_secs(4),
+            _ => Duration::from_secs(2),
+        }
+    }
+
+    /// The backend URL over `hosts` (`host:port` each).
+    fn url(self, hosts: &[String]) -> String {
+        let all = hosts.join(",");
+        match self {
+            Deployment::Redis => format!("redis://{}?prefix=chaos&op_timeout=1s", hosts[0]),
+            Deployment::Redlock => {
+                format!("redlock://{all}?prefix=chaos&node_timeout=200ms&retry_delay=5ms..30ms")
+            }
+            Deployment::Etcd | Deployment::Etcd3 => {
+                format!("etcd://{all}/chaos?session_ttl=2s&op_timeout=1s")
+            }
+            Deployment::Zk | Deployment::Zk3 => {
+                format!("zk://{all}?root=/chaos&session_timeout=4s&op_timeout=1s")
+            }
+        }
+    }
+}
+
+/// A fault schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nemesis {
+    /// SIGSTOP a client past its TTL, then SIGCONT.
+    PauseClient,
+    /// SIGKILL a client and start a new one.
+    KillClient,
+    /// Blackhole one client's connections to the servers past its TTL, then heal.
+    CutClient,
+    /// SIGKILL a server (leader and follower in turn) and restart it.
+    KillServer,
+}
+
+/// Every nemesis.
+pub const NEMESES: [Nemesis; 4] = [
+    Nemesis::PauseClient,
+    Nemesis::KillClient,
+    Nemesis::CutClient,
+    Nemesis::KillServer,
+];
+
+impl Nemesis {
+    /// Its label in the history and the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Nemesis::PauseClient => "pause-client",
+            Nemesis::KillClient => "kill-client",
+            Nemesis::CutClient => "cut-client",
+            Nemesis::KillServer => "kill-server",
+        }
+    }
+
+    /// Which violations are the known hazard of this fault on this deployment (and so expected),
+    /// as (overlaps and lost elements, token order).
+    pub fn expected(self, d: Deployment) -> (bool, bool) {
+        match (self, d) {
+            // No lease survives a pause past its TTL without the resource's check: two holders,
+            // and an unfenced write from the stale one (Kleppmann; Jepsen's lock-set).
+            (Nemesis::PauseClient, _) => (true, false),
+            // One server without replication or fsync forgets locks and its token counter.
+            (Nemesis::KillServer, Deployment::Redis) => (true, true),
+            // A Redlock node restarted empty within the TTL gives a second majority.
+            (Nemesis::KillServer, Deployment::Redlock) => (true, false),
+            _ => (false, false),
+        }
+    }
+}
+
+/// The servers of one run.
+struct Servers {
+    kind: Deployment,
+    ports: Vec<u16>,
+    processes: Box<dyn Fn() -> Vec<Arc<dyn ProcessRef>> + Send + Sync>,
+    leader: Box<dyn Fn() -> Option<usize> + Send + Sync>,
+    _keep: Box<dyn std::any::Any + Send + Sync>,
+}
+
+/// A server process, whatever harness type owns it.
+trait ProcessRef: Send + Sync {
+    fn process(&self) -> &ServerProcess;
+}
+
+struct Held<T>(Arc<T>, usize);
+
+impl ProcessRef for Held<RedisMasters> {
+    fn process(&self) -> &ServerProcess {
+        self.0.nodes[self.1].process()
+    }
+}
+impl ProcessRef for Held<RedisServer> {
+    fn process(&self) -> &ServerProcess {
+        self.0.process()
+    }
+}
+impl ProcessRef for Held<EtcdCluster> {
+    fn process(&self) -> &ServerProcess {
+        &self.0.members[self.1]
+    }
+}
+impl ProcessRef for Held<ZkEnsemble> {
+    fn process(&self) -> &ServerProcess {
+        &self.0.nodes[self.1]
+    }
+}
+
+fn start(kind: Deployment) -> Servers {
+    fn refs<T: Send + Sync + 'static>(s: &Arc<T>, n: usize) -> Vec<Arc<dyn ProcessRef>>
+    where
+        Held<T>: ProcessRef,
+    {
+        (0..n)
+            .map(|i| Arc::new(Held(s.clone(), i)) as Arc<dyn ProcessRef>)
+            .collect()
+    }
+    let fail =
+        |e: distlock_conformance::harness::HarnessError| -> ! { panic!("{}: {e}", kind.label()) };
+    match kind {
+        Deployment::Redis => {
+            let s = Arc::new(RedisServer::start().unwrap_or_else(|e| fail(e)));
+            let (p, c) = (s.port(), s.clone());
+            Servers {
+                kind,
+                ports: vec![p],
+                processes: Box::new(move || refs(&c, 1)),
+                leader: Box::new(|| None),
+                _keep: Box::new(s),
+            }
+        }
+        Deployment::Redlock => {
+            let s = Arc::new(RedisMasters::start(3).unwrap_or_else(|e| fail(e)));
+            let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
+            Servers {
+                kind,
+                ports,
+                processes: Box::new(move || refs(&c, 3)),
+                leader: Box::new(|| None),
+                _keep: Box::new(s),
+            }
+        }
+        Deployment::Etcd | Deployment::Etcd3 => {
+            let n = if kind == Deployment::Etcd { 1 } else { 3 };
+            let s = Arc::new(EtcdCluster::start(n).unwrap_or_else(|e| fail(e)));
+            let (ports, c, l) = (s.client_ports.clone(), s.clone(), s.clone());
+            Servers {
+                kind,
+                ports,
+                processes: Box::new(move || refs(&c, n)),
+                leader: Box::new(move || l.leader()),
+                _keep: Box::new(s),
+            }
+        }
+        Deployment::Zk | Deployment::Zk3 => {
+            let n = if kind == Deployment::Zk { 1 } else { 3 };
+            let s = Arc::new(ZkEnsemble::start(n).unwrap_or_else(|e| fail(e)));
+            let (ports, c, l) = (s.client_ports.clone(), s.clone(), s.clone());
+            Servers {
+                kind,
+                ports,
+                processes: Box::new(move || refs(&c, n)),
+                leader: Box::new(move || l.leader()),
+                _keep: Box::new(s),
+            }
+        }
+    }
+}
+
+/// A child process of the campaign, killed with the campaign.
+struct Process {
+    child: Child,
+}
+
+impl Process {
+    fn spawn(args: &[String], stdout: Stdio) -> std::io::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut cmd = Command::new(exe);
+        cmd.args(args).stdin(Stdio::null()).stdout(stdout);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        Ok(Process {
+            child: cmd.spawn()?,
+        })
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, sig);
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One client process and the proxies it reaches the servers through.
+struct Client {
+    process: Process,
+    cut: ProxyCut,
+}
+
+/// What one run recorded.
+pub struct RunResult {
+    /// The deployment.
+    pub deployment: Deployment,
+    /// The nemesis.
+    pub nemesis: Nemesis,
+    /// What the checker found.
+    pub findings: Findings,
+    /// The merged history.
+    pub history: Vec<history::Entry>,
+    /// When the run started and ended (`CLOCK_MONOTONIC` ns).
+    pub span: (u64, u64),
+}
+
+impl RunResult {
+    /// Violations that are not the known hazard of this fault on this deployment.
+    pub fn unexpected(&self) -> usize {
+        let (lease_hazard, order_hazard) = self.nemesis.expected(self.deployment);
+        let f = &self.findings;
+        let mut n = f.fenced_violations;
+        if !lease_hazard {
+            n += f.overlaps + f.lost_elements;
+        }
+        if !order_hazard {
+            n += f.token_order_violations;
+        }
+        n
+    }
+}
+
+/// The index in `clients` of one that holds the lock now, by its history.
+fn holder(dir: &Path, clients: &[(u32, Client)]) -> Option<usize> {
+    for _ in 0..200 {
+        for (i, (id, _)) in clients.iter().enumerate() {
+            let file = dir.join(format!("client-{id}.jsonl"));
+            let last = history::read(&[file]).pop();
+            if matches!(
+                last.map(|e| e.ev),
+                Some(Event::AcquireOk { .. } | Event::WriteInvoke { .. } | Event::WriteOk { .. })
+            ) {
+                return Some(i);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
+fn client_args(kind: Deployment, url: &str, resource: &str, dir: &Path, id: u32) -> Vec<String> {
+    vec![
+        "client".into(),
+        "--url".into(),
+        url.into(),
+        "--name".into(),
+        "chaos".into(),
+        "--resource".into(),
+        resource.into(),
+        "--history".into(),
+        dir.join(format!("client-{id}.jsonl")).display().to_string(),
+        "--id".into(),
+        id.to_string(),
+        "--ttl-ms".into(),
+        kind.ttl().as_millis().to_string(),
+    ]
+}
+
+fn start_client(
+    kind: Deployment,
+    servers: &Servers,
+    resource: &str,
+    dir: &Path,
+    id: u32,
+) -> Client {
+    let cut = ProxyCut::to_ports(servers.ports.iter().copied());
+    let url = kind.url(&cut.addrs());
+    let process = Process::spawn(&client_args(kind, &url, resource, dir, id), Stdio::null())
+        .unwrap_or_else(|e| panic!("client {id}: {e}"));
+    Client { process, cut }
+}
+
+/// Runs `nemesis` on a fresh `kind` deployment for `length`.
+pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
+    let dir = TempDir::new("chaos").unwrap_or_else(|e| panic!("temp dir: {e}"));
+    let servers = start(kind);
+    let resource_history = dir.path().join("resource.jsonl");
+    let mut resource = Process::spawn(
+        &[
+            "resource".into(),
+            "--history".into(),
+            resource_history.display().to_string(),
+        ],
+        Stdio::piped(),
+    )
+    .unwrap_or_else(|e| panic!("resource: {e}"));
+    let resource_addr = {
+        use std::io::BufRead;
+        let out = resource.child.stdout.take().expect("resource stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("resource address: {e}"));
+        line.trim().to_string()
+    };
+    let nemesis_history = dir.path().join("nemesis.jsonl");
+    let rec = Recorder::open(&nemesis_history, NEMESIS).unwrap_or_else(|e| panic!("{e}"));
+    let mut clients: Vec<(u32, Client)> = (0..CLIENTS)
+        .map(|id| {
+            (
+                id,
+                start_client(kind, &servers, &resource_addr, dir.path(), id),
+            )
+        })
+        .collect();
+    let mut next_id = CLIENTS;
+    let begin = history::now_ns();
+    let until = Instant::now() + length;
+    let ttl = kind.ttl();
+    let mut rng = rand::rng();
+    let mut turn = 0usize;
+    // Let the clients settle into a rhythm, then one fault every few TTLs.
+    std::thread::sleep(ttl.min(length / 4));
+    while Instant::now() + ttl * 2 < until {
+        // A pause or a cut hits the holder of the moment (a fault on a client that holds
+        // nothing shows nothing): the client whose history ends with a grant.
+        let pick = match nemesis {
+            Nemesis::PauseClient | Nemesis::CutClient => holder(dir.path(), &clients),
+            _ => None,
+        }
+        .unwrap_or_else(|| rng.random_range(0..clients.len()));
+        let (id, _) = &clients[pick];
+        let target = id.to_string();
+        match nemesis {
+            Nemesis::PauseClient => {
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target,
+                });
+                clients[pick].1.process.signal(libc::SIGSTOP);
+                std::thread::sleep(ttl * 3 / 2);
+                clients[pick].1.process.signal(libc::SIGCONT);
+            }
+            Nemesis::KillClient => {
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target,
+                });
+                clients.remove(pick);
+                clients.push((
+                    next_id,
+                    start_client(kind, &servers, &resource_addr, dir.path(), next_id),
+                ));
+                next_id += 1;
+            }
+            Nemesis::CutClient => {
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target,
+                });
+                clients[pick].1.cut.cut();
+                std::thread::sleep(ttl * 3 / 2);
+                clients[pick].1.cut.reset();
+            }
+            Nemesis::KillServer => {
+                let procs = (servers.processes)();
+                let i = match ((servers.leader)(), procs.len()) {
+                    (Some(l), n) if turn % 2 == 0 || n == 1 => l,
+                    (Some(l), n) => (l + 1) % n,
+                    (None, n) => rng.random_range(0..n),
+                };
+                turn += 1;
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target: format!("server {i}"),
+                });
+                procs[i].process().kill();
+                std::thread::sleep(Duration::from_millis(500));
+                procs[i]
+                    .process()
+                    .restart()
+                    .unwrap_or_else(|e| panic!("{}: restart: {e}", servers.kind.label()));
+            }
+        }
+        rec.record(Event::FaultEnd {
+            kind: nemesis.label().into(),
+        });
+        std::thread::sleep(ttl * 2);
+    }
+    let rest = until.saturating_duration_since(Instant::now());
+    std::thread::sleep(rest);
+    let end = history::now_ns();
+    drop(clients);
+    // The final set, as the resource holds it.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        if let Ok(mut line) = crate::resource::Line::connect(&resource_addr).await {
+            let _ = line.ask("END").await;
+        }
+    });
+    drop(resource);
+    let mut files: Vec<PathBuf> = vec![resource_history, nemesis_history];
+    files.extend((0..next_id).map(|id| dir.path().join(format!("client-{id}.jsonl"))));
+    let history = history::read(&files);
+    let findings = check(&history, end);
+    RunResult {
+        deployment: kind,
+        nemesis,
+        findings,
+        history,
+        span: (begin, end),
+    }
+}
