@@ -305,15 +305,25 @@ impl RunResult {
     }
 }
 
-/// The index in `clients` of one that holds the lock now, by its history.
-fn holder(dir: &Path, clients: &[(u32, Client)]) -> Option<usize> {
-    for _ in 0..200 {
-        for (i, (id, _)) in clients.iter().enumerate() {
+/// The index in `clients` of one (of those `wanted`) that holds the lock now, by its history;
+/// looked for during up to 3 s.
+fn holder(dir: &Path, clients: &[(u32, Client)], wanted: impl Fn(u32) -> bool) -> Option<usize> {
+    for _ in 0..3_000 {
+        for (i, (id, _)) in clients
+            .iter()
+            .enumerate()
+            .filter(|(_, (id, _))| wanted(*id))
+        {
             let file = dir.join(format!("client-{id}.jsonl"));
             let last = history::read(&[file]).pop();
             if matches!(
                 last.map(|e| e.ev),
-                Some(Event::AcquireOk { .. } | Event::WriteInvoke { .. } | Event::WriteOk { .. })
+                Some(
+                    Event::AcquireOk { .. }
+                        | Event::WriteInvoke { .. }
+                        | Event::WriteOk { .. }
+                        | Event::SetAdd { .. }
+                )
             ) {
                 return Some(i);
             }
@@ -323,8 +333,19 @@ fn holder(dir: &Path, clients: &[(u32, Client)]) -> Option<usize> {
     None
 }
 
-fn client_args(kind: Deployment, url: &str, resource: &str, dir: &Path, id: u32) -> Vec<String> {
-    vec![
+/// The client a cut targets: it keeps the lock for 3 TTLs after its writes (a long job), so a
+/// cut lands on a lease that must be kept alive, and the time to its lost signal is measured.
+const LONG_HOLDER: u32 = 0;
+
+fn client_args(
+    kind: Deployment,
+    nemesis: Nemesis,
+    url: &str,
+    resource: &str,
+    dir: &Path,
+    id: u32,
+) -> Vec<String> {
+    let mut args = vec![
         "client".into(),
         "--url".into(),
         url.into(),
@@ -338,11 +359,16 @@ fn client_args(kind: Deployment, url: &str, resource: &str, dir: &Path, id: u32)
         id.to_string(),
         "--ttl-ms".into(),
         kind.ttl().as_millis().to_string(),
-    ]
+    ];
+    if nemesis == Nemesis::CutClient && id == LONG_HOLDER {
+        args.extend(["--hold-ms".into(), (kind.ttl() * 3).as_millis().to_string()]);
+    }
+    args
 }
 
 fn start_client(
     kind: Deployment,
+    nemesis: Nemesis,
     servers: &Servers,
     resource: &str,
     dir: &Path,
@@ -350,8 +376,9 @@ fn start_client(
 ) -> Client {
     let cut = ProxyCut::to_ports(servers.ports.iter().copied());
     let url = kind.url(&cut.addrs());
-    let process = Process::spawn(&client_args(kind, &url, resource, dir, id), Stdio::null())
-        .unwrap_or_else(|e| panic!("client {id}: {e}"));
+    let args = client_args(kind, nemesis, &url, resource, dir, id);
+    let process =
+        Process::spawn(&args, Stdio::null()).unwrap_or_else(|e| panic!("client {id}: {e}"));
     Client { process, cut }
 }
 
@@ -384,7 +411,7 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
         .map(|id| {
             (
                 id,
-                start_client(kind, &servers, &resource_addr, dir.path(), id),
+                start_client(kind, nemesis, &servers, &resource_addr, dir.path(), id),
             )
         })
         .collect();
@@ -400,7 +427,8 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
         // A pause or a cut hits the holder of the moment (a fault on a client that holds
         // nothing shows nothing): the client whose history ends with a grant.
         let pick = match nemesis {
-            Nemesis::PauseClient | Nemesis::CutClient => holder(dir.path(), &clients),
+            Nemesis::PauseClient => holder(dir.path(), &clients, |_| true),
+            Nemesis::CutClient => holder(dir.path(), &clients, |id| id == LONG_HOLDER),
             _ => None,
         }
         .unwrap_or_else(|| rng.random_range(0..clients.len()));
@@ -424,7 +452,7 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
                 clients.remove(pick);
                 clients.push((
                     next_id,
-                    start_client(kind, &servers, &resource_addr, dir.path(), next_id),
+                    start_client(kind, nemesis, &servers, &resource_addr, dir.path(), next_id),
                 ));
                 next_id += 1;
             }

@@ -28,6 +28,9 @@ pub struct ClientArgs {
     pub ttl: Duration,
     /// The longest sleep between reading and writing the lock-set.
     pub max_sleep: Duration,
+    /// How long to keep the lock after the writes (a long job), or until it is lost: a cut
+    /// then lands on a lease that must be kept alive, and its lost signal can be timed.
+    pub hold: Duration,
 }
 
 /// Runs until killed.
@@ -117,6 +120,12 @@ pub async fn run(args: ClientArgs) {
                 {
                     rec.record(Event::SetAdd { element });
                 }
+            }
+        }
+        if !args.hold.is_zero() {
+            tokio::select! {
+                _ = lease.lost() => {}
+                _ = tokio::time::sleep(args.hold) => {}
             }
         }
         rec.record(Event::ReleaseInvoke);

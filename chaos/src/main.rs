@@ -24,7 +24,7 @@ use campaign::{DEPLOYMENTS, Deployment, NEMESES, Nemesis};
 fn usage(problem: &str) -> ! {
     eprintln!(
         "{problem}\nusage:\n  distlock-chaos campaign [--short | --minutes N] [--out FILE]\n  \
-         distlock-chaos client --url U --name N --resource ADDR --history FILE --id N --ttl-ms MS\n  \
+         distlock-chaos client --url U --name N --resource ADDR --history FILE --id N --ttl-ms MS [--hold-ms MS]\n  \
          distlock-chaos resource --history FILE"
     );
     std::process::exit(2);
@@ -93,6 +93,7 @@ fn main() {
                 id: parse("id") as u32,
                 ttl: Duration::from_millis(parse("ttl-ms")),
                 max_sleep: Duration::from_millis(20),
+                hold: Duration::from_millis(f.get("hold-ms").map_or(0, |_| parse("hold-ms"))),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
