@@ -41,7 +41,7 @@ grep -q 'cargo feature "etcd"' <<<"$out" || { echo "no feature named in: $out"; 
 echo "== docs and packages"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo package --workspace --no-verify --allow-dirty --quiet \
-  --exclude distlock-conformance --exclude distlock-bench
+  --exclude distlock-conformance --exclude distlock-bench --exclude distlock-chaos
 
 echo "== tests"
 # Two threads: the server suites share the machine's 2 cores with the servers they start.
