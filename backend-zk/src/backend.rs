@@ -165,7 +165,7 @@ impl ZkBackend {
                 | ZkError::Throttled
                 | ZkError::ClientClosed
                 | ZkError::NotReadOnly
-        );
+        ) || transport(&e);
         LockError::backend(self.label(), retryable, e)
     }
 
@@ -572,6 +572,13 @@ fn is_zk(e: &LockError, pred: impl Fn(&ZkError) -> bool) -> bool {
         LockError::Backend { source, .. } => source.downcast_ref::<ZkError>().is_some_and(pred),
         _ => false,
     }
+}
+
+/// A failure of the connection itself: the client reports a read or write on a server that just
+/// died ("Broken pipe") and a server that stopped answering as custom errors (its TLS set-up
+/// errors too, which only a connect can meet). Another server, or a reconnect, may answer.
+fn transport(e: &ZkError) -> bool {
+    matches!(e, ZkError::Custom(_))
 }
 
 /// Our own per-call timeout (the only backend error whose source is not a ZooKeeper error).
