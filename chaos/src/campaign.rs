@@ -23,6 +23,8 @@ pub const CLIENTS: u32 = 5;
 pub enum Deployment {
     /// One redis-server, stock settings.
     Redis,
+    /// One redis-server with an append-only file synced at every write: the crash-safe Redis.
+    RedisAof,
     /// Redlock over 3 masters without persistence (a crash restarts empty).
     Redlock,
     /// etcd, one member.
@@ -36,8 +38,9 @@ pub enum Deployment {
 }
 
 /// Every deployment.
-pub const DEPLOYMENTS: [Deployment; 6] = [
+pub const DEPLOYMENTS: [Deployment; 7] = [
     Deployment::Redis,
+    Deployment::RedisAof,
     Deployment::Redlock,
     Deployment::Etcd,
     Deployment::Etcd3,
@@ -50,6 +53,7 @@ impl Deployment {
     pub fn label(self) -> &'static str {
         match self {
             Deployment::Redis => "redis",
+            Deployment::RedisAof => "redis-aof",
             Deployment::Redlock => "redlock",
             Deployment::Etcd => "etcd",
             Deployment::Etcd3 => "etcd3",
@@ -70,7 +74,9 @@ impl Deployment {
     fn url(self, hosts: &[String]) -> String {
         let all = hosts.join(",");
         match self {
-            Deployment::Redis => format!("redis://{}?prefix=chaos&op_timeout=1s", hosts[0]),
+            Deployment::Redis | Deployment::RedisAof => {
+                format!("redis://{}?prefix=chaos&op_timeout=1s", hosts[0])
+            }
             Deployment::Redlock => {
                 format!("redlock://{all}?prefix=chaos&node_timeout=200ms&retry_delay=5ms..30ms")
             }
@@ -93,11 +99,13 @@ pub enum Nemesis {
     KillClient,
     /// Blackhole one client's connections to the servers past its TTL, then heal.
     CutClient,
-    /// SIGKILL a server (leader and follower in turn) and restart it.
+    /// SIGKILL a server (leader and follower in turn) and restart it half a second later.
     KillServer,
+    /// The same, restarting it only after 1.5 TTLs: Redlock's delayed-restart rule.
+    KillServerLate,
 }
 
-/// Every nemesis.
+/// The nemeses every deployment runs under ([`Nemesis::KillServerLate`] is Redlock's alone).
 pub const NEMESES: [Nemesis; 4] = [
     Nemesis::PauseClient,
     Nemesis::KillClient,
@@ -113,6 +121,7 @@ impl Nemesis {
             Nemesis::KillClient => "kill-client",
             Nemesis::CutClient => "cut-client",
             Nemesis::KillServer => "kill-server",
+            Nemesis::KillServerLate => "kill-server-late",
         }
     }
 
@@ -182,8 +191,15 @@ fn start(kind: Deployment) -> Servers {
     let fail =
         |e: distlock_conformance::harness::HarnessError| -> ! { panic!("{}: {e}", kind.label()) };
     match kind {
-        Deployment::Redis => {
-            let s = Arc::new(RedisServer::start().unwrap_or_else(|e| fail(e)));
+        Deployment::Redis | Deployment::RedisAof => {
+            // The crash-safe variant differs from stock in what the run exists to vary.
+            let aof: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+            let extra = if kind == Deployment::RedisAof {
+                aof
+            } else {
+                &[]
+            };
+            let s = Arc::new(RedisServer::start_with(extra, None).unwrap_or_else(|e| fail(e)));
             let (p, c) = (s.port(), s.clone());
             Servers {
                 kind,
@@ -465,7 +481,7 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
                 std::thread::sleep(ttl * 3 / 2);
                 clients[pick].1.cut.reset();
             }
-            Nemesis::KillServer => {
+            Nemesis::KillServer | Nemesis::KillServerLate => {
                 let procs = (servers.processes)();
                 let i = match ((servers.leader)(), procs.len()) {
                     (Some(l), n) if turn % 2 == 0 || n == 1 => l,
@@ -478,7 +494,11 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
                     target: format!("server {i}"),
                 });
                 procs[i].process().kill();
-                std::thread::sleep(Duration::from_millis(500));
+                std::thread::sleep(if nemesis == Nemesis::KillServerLate {
+                    ttl * 3 / 2
+                } else {
+                    Duration::from_millis(500)
+                });
                 procs[i]
                     .process()
                     .restart()

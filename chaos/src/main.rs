@@ -129,7 +129,28 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
         DEPLOYMENTS
             .iter()
             .flat_map(|d| NEMESES.iter().map(move |n| (*d, *n)))
+            .chain([(Deployment::Redlock, Nemesis::KillServerLate)])
             .collect()
+    };
+    // `--only redis/pause-client,etcd3/kill-server`: those runs of the plan alone.
+    let plan: Vec<(Deployment, Nemesis)> = match f.get("only") {
+        Some(only) => {
+            let wanted: Vec<&str> = only.split(',').collect();
+            let all = DEPLOYMENTS
+                .iter()
+                .flat_map(|d| NEMESES.iter().map(move |n| (*d, *n)))
+                .chain([(Deployment::Redlock, Nemesis::KillServerLate)]);
+            let picked: Vec<_> = all
+                .filter(|(d, n)| wanted.contains(&format!("{}/{}", d.label(), n.label()).as_str()))
+                .collect();
+            if picked.len() != wanted.len() {
+                usage(&format!(
+                    "--only {only}: use <deployment>/<nemesis> pairs of the plan"
+                ));
+            }
+            picked
+        }
+        None => plan,
     };
     let length = if short {
         Duration::from_secs(14)
@@ -140,7 +161,7 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
                 m.parse()
                     .unwrap_or_else(|_| usage("--minutes takes a number"))
             })
-            .unwrap_or(24.0);
+            .unwrap_or(30.0);
         Duration::from_secs_f64(minutes * 60.0 / plan.len() as f64)
     };
     let command = if short {
@@ -151,7 +172,7 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
     } else {
         format!(
             "cargo run --release -p distlock-chaos -- campaign --minutes {}",
-            f.get("minutes").map_or("24", String::as_str)
+            f.get("minutes").map_or("30", String::as_str)
         )
     };
     let mut runs = Vec::new();

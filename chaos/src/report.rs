@@ -35,7 +35,12 @@ pub fn markdown(runs: &[RunResult], command: &str, length: Duration) -> String {
          refuses the stale writer; the unfenced lock-set loses an element), one Redis server \
          that crashes forgets its locks and its token counter (tokens go back, and the register \
          sees one token from two holders), and a Redlock node restarted \
-         empty within the TTL gives a second majority. Anything else fails the campaign.\n",
+         empty within the TTL gives a second majority (`kill-server`; `kill-server-late` restarts \
+         it only after 1.5 TTLs, Redlock's delayed-restart rule, and must show nothing). `redis-aof` \
+         is one Redis server with an append-only file synced at every write. Anything else fails \
+         the campaign.\n\n\
+         Not yet run: a Sentinel failover, a wall-clock jump on a Redis or Redlock node, and the \
+         proxy's delay and reset as faults of their own.\n",
         runs.len(),
         length,
     );
