@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
-    LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, RepeatPrior, Result, Wakeup,
+    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
+    LockError, LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, RepeatPrior, Result,
+    Wakeup,
 };
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
@@ -16,6 +17,7 @@ use etcd_client::{
     WatchResponse,
 };
 use futures_util::future::join_all;
+use futures_util::stream::BoxStream;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::config::EtcdOptions;
@@ -217,6 +219,14 @@ impl EtcdBackend {
         self.inner.client.clone()
     }
 
+    pub(crate) fn kv(&self) -> KvClient {
+        self.inner.kv.clone()
+    }
+
+    pub(crate) fn watch_client(&self) -> WatchClient {
+        self.inner.watch.clone()
+    }
+
     fn err(&self, e: etcd_client::Error) -> LockError {
         etcd_error(&self.inner.endpoints, e)
     }
@@ -228,7 +238,7 @@ impl EtcdBackend {
     /// reads, keep-alives, watches, and writes that are conditional on their own outcome (the
     /// enqueue finds its own key, a delete compares the key's value). The one exception, a lease
     /// grant, leaves at worst an unused lease that expires after its TTL.
-    async fn call<C, T, F, Fut>(&self, client: &C, mut op: F) -> Result<T>
+    pub(crate) async fn call<C, T, F, Fut>(&self, client: &C, mut op: F) -> Result<T>
     where
         C: Clone,
         F: FnMut(C) -> Fut,
@@ -259,18 +269,42 @@ impl EtcdBackend {
         }
     }
 
-    /// Deletes `key` if its value is `secret` (the attempt that wrote it); returns whether it
-    /// did. A key path is reused by the session's next attempt on the name once freed, so a
-    /// plain delete that arrives late (a timed-out try that etcd still applies, a background
-    /// clean-up racing the next acquire) could delete the next grant's key: the compare makes a
-    /// late delete find nothing. Safe to repeat, one round trip like a plain delete. (No test
-    /// shows the late delete: it needs etcd to apply a request after a later one of the same
-    /// client, which the harness's proxy, delaying a whole connection in order, cannot arrange.)
-    async fn delete_ours(&self, key: &str, secret: &str) -> Result<bool> {
-        let txn = Txn::new()
-            .when([Compare::value(key, CompareOp::Equal, secret)])
-            .and_then([TxnOp::delete(key, None)]);
-        Ok(self.txn(txn).await?.succeeded())
+    /// Deletes `key` if the attempt owning `secret` wrote its value (the secret, or the secret
+    /// and an announced value: [`distlock_api::entry_written_by`]); returns whether it did. A key path is
+    /// reused by the session's next attempt on the name once freed, so a plain delete that
+    /// arrives late (a timed-out try that etcd still applies, a background clean-up racing the
+    /// next acquire) could delete the next grant's key: the compare makes a late delete find
+    /// nothing. Safe to repeat; one round trip for a lock, two for an election's leader (etcd
+    /// compares whole values, so the announced one is read first). (No test shows the late
+    /// delete: it needs etcd to apply a request after a later one of the same client, which the
+    /// harness's proxy, delaying a whole connection in order, cannot arrange.)
+    pub(crate) async fn delete_ours(&self, key: &str, secret: &str) -> Result<bool> {
+        let mut expected = secret.as_bytes().to_vec();
+        // A value changes only by a proclaim of the same holder, so two reads settle it.
+        for _ in 0..3 {
+            let txn = Txn::new()
+                .when([Compare::value(key, CompareOp::Equal, expected.clone())])
+                .and_then([TxnOp::delete(key, None)])
+                .or_else([TxnOp::get(key, None)]);
+            let resp = self.txn(txn).await?;
+            if resp.succeeded() {
+                return Ok(true);
+            }
+            let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().next() else {
+                return Err(self.err_text("a delete txn answered without its read"));
+            };
+            match got.kvs().first() {
+                Some(kv) if distlock_api::entry_written_by(kv.value(), secret) => {
+                    expected = kv.value().to_vec();
+                }
+                _ => return Ok(false),
+            }
+        }
+        Err(LockError::backend(
+            self.inner.endpoints.clone(),
+            true,
+            format!("the value of {key} kept changing during its delete"),
+        ))
     }
 
     /// Puts every endpoint back into the client's balancer (see [`READD_EVERY`]).
@@ -290,7 +324,7 @@ impl EtcdBackend {
     }
 
     /// One txn through [`Self::call`] (every txn here is safe to repeat).
-    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         self.call(&self.inner.kv, |mut c| {
             let t = txn.clone();
             async move { c.txn(t).await }
@@ -545,7 +579,7 @@ impl EtcdBackend {
     }
 
     /// A retryable backend error with a fixed text.
-    fn err_text(&self, text: &'static str) -> LockError {
+    pub(crate) fn err_text(&self, text: &'static str) -> LockError {
         LockError::backend(self.inner.endpoints.clone(), true, text)
     }
 
@@ -909,6 +943,18 @@ impl LockBackend for EtcdBackend {
         {
             session.abandon();
         }
+    }
+
+    async fn announce(&self, key: &GrantKey, token: FencingToken, value: &str) -> Result<bool> {
+        self.announce_entry(key, token, value).await
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        self.head_entry(name).await
+    }
+
+    async fn leader_changes(&self, name: &LockName) -> Result<BoxStream<'static, ()>> {
+        self.range_events(name).await
     }
 }
 

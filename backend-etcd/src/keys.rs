@@ -15,6 +15,10 @@
 //! ~100 us slower per acquire + release. Since no other session writes keys with our lease id,
 //! and a slot is never reused while its key may exist, the key path alone identifies one
 //! grant: release is a plain delete. Not a secret: etcd access control decides who may delete.
+//!
+//! An attempt key's value is the attempt's secret; once its holder announces itself as an
+//! election's leader, `<secret>:<value>` ([`distlock_api::announced_entry`]). The value lives in the holder's own
+//! key so it goes with it (release, session expiry) and observers read it with the head.
 
 use distlock_api::LockName;
 

@@ -30,6 +30,8 @@
 //! * **Renew** is one session keep-alive plus a check that our key exists; **release** checks the
 //!   secret against the slot's holder locally, then deletes our key (one plain delete, as cheap
 //!   as the raw minimum), never the shared lease.
+//! * **Election**: the leader writes `<secret>:<value>` into its own key (a txn on its create
+//!   revision); observers read the name's oldest key and watch the name's range.
 //! * Reads are linearizable (etcd's default); no serializable read is used for a lock decision,
 //!   and a grant on a watch event rests on committed history only.
 //!
@@ -49,6 +51,7 @@
 
 mod backend;
 mod config;
+mod election;
 mod guard;
 pub mod keys;
 mod session;

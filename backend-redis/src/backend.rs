@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
-    LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
+    LockError, LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
+use futures_util::stream::BoxStream;
 use rand::Rng;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError, RetryMethod};
 use tokio::time::{Instant, sleep_until, timeout};
@@ -255,7 +256,7 @@ impl RedisBackend {
             .await
     }
 
-    async fn subscribe(&self, channel: &str) -> Result<Subscription> {
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<Subscription> {
         self.with_timeout(self.notifier.subscribe(channel, &self.conn))
             .await
     }
@@ -265,11 +266,18 @@ impl RedisBackend {
         lock_keys(&self.options.prefix, name)
     }
 
+    pub(crate) fn conn(&self) -> &Conn {
+        &self.conn
+    }
+
     fn err(&self, e: RedisError) -> LockError {
         redis_error(&self.server, e)
     }
 
-    async fn with_timeout<T>(&self, fut: impl Future<Output = redis::RedisResult<T>>) -> Result<T> {
+    pub(crate) async fn with_timeout<T>(
+        &self,
+        fut: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
         match timeout(self.options.op_timeout, fut).await {
             Ok(r) => r.map_err(|e| self.err(e)),
             Err(_) => Err(LockError::backend(
@@ -282,7 +290,11 @@ impl RedisBackend {
 
     /// One script call, each of its sends cut off at `op_timeout` (a `NOSCRIPT` answer costs a
     /// second send, which gets its own time: a clean-up release must not be lost to it).
-    async fn run<T: redis::FromRedisValue>(&self, call: &Call, conn: &mut Conn) -> Result<T> {
+    pub(crate) async fn run<T: redis::FromRedisValue>(
+        &self,
+        call: &Call,
+        conn: &mut Conn,
+    ) -> Result<T> {
         call.run(conn, self.options.op_timeout)
             .await
             .map_err(|e| self.err(e))
@@ -769,6 +781,18 @@ impl LockBackend for RedisBackend {
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         self.release_keys(&self.keys(&key.name), &key.secret, Sent::Hash)
             .await
+    }
+
+    async fn announce(&self, key: &GrantKey, token: FencingToken, value: &str) -> Result<bool> {
+        self.announce_lock(key, token, value).await
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        self.lock_leader(name).await
+    }
+
+    async fn leader_changes(&self, name: &LockName) -> Result<BoxStream<'static, ()>> {
+        self.announcements(name).await
     }
 }
 

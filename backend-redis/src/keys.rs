@@ -5,10 +5,11 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held |
+//! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held; `...:<value>` appended once an election's leader announced `value` |
 //! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
 //! | `{p:B}:released:<encoded n>` | pub/sub channel | on Redlock nodes, a message at every release (Redlock waiters listen there; they do not queue) |
 //! | `{p:B}:turn:<owner secret hex>` | pub/sub channel | "your turn", to the one queued waiter a release (or a departure) hands the lock to |
+//! | `{p:B}:leader:<encoded n>` | pub/sub channel | a message at every announcement of an election's leader (observers listen there) |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
 //!
@@ -57,6 +58,11 @@ impl LockKeys {
     /// The release notification channel.
     pub fn channel(&self) -> Key<'_> {
         self.key("released:", true)
+    }
+
+    /// The leader announcement channel (elections).
+    pub fn leader(&self) -> Key<'_> {
+        self.key("leader:", true)
     }
 
     /// The waiters' queue (arrival order).
@@ -160,7 +166,15 @@ mod tests {
         let k = lock_keys("distlock", &LockName::new("orders/42").expect("valid"));
         // Pinned: the bucket function and the layout are part of the on-server format.
         assert_eq!(k.lock, "{distlock:833}:lock:orders%2F42");
-        let texts = [k.fence(), k.channel(), k.queue(), k.alive(), k.turn()].map(|k| k.to_string());
+        let texts = [
+            k.fence(),
+            k.channel(),
+            k.queue(),
+            k.alive(),
+            k.turn(),
+            k.leader(),
+        ]
+        .map(|k| k.to_string());
         assert_eq!(
             texts,
             [
@@ -169,6 +183,7 @@ mod tests {
                 "{distlock:833}:queue:orders%2F42",
                 "{distlock:833}:alive:orders%2F42",
                 "{distlock:833}:turn:",
+                "{distlock:833}:leader:orders%2F42",
             ]
         );
         // Written into a command, a key is the same one argument.

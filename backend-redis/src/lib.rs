@@ -28,6 +28,9 @@
 //!   hash tag), or the master Sentinel names (followed after a failover).
 //! * **Replica acknowledgement**: with [`RedisOptions::min_replicas`], each grant is followed by
 //!   `WAIT` on the same connection; fewer acknowledgements fail the acquire and release it.
+//! * **Election**: the leader appends its value to its own lock value ([`scripts::ANNOUNCE`],
+//!   `SET ... KEEPTTL`), so it expires and goes with the lock; observers `GET` the lock on the
+//!   master and hear announcements on the name's leader channel.
 //!
 //! # Why only efficiency grade
 //! Redis acknowledges a write before its replicas have it, and expires keys by its own clock. A
@@ -52,6 +55,7 @@
 mod backend;
 mod config;
 mod conn;
+mod election;
 pub mod keys;
 mod notify;
 pub mod redlock;

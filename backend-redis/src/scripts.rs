@@ -1,8 +1,9 @@
 //! The server-side scripts. Each runs atomically on the server, which is what makes "check the
 //! owner, then act" safe: nothing can run between the check and the act.
 //!
-//! The lock value is `<secret>:<token>`; the secret is always 32 hex characters, so the owner
-//! check compares the first 33 bytes with `<secret>:`.
+//! The lock value is `<secret>:<token>`, and `<secret>:<token>:<value>` once an election's leader
+//! announced `value` ([`ANNOUNCE`]); the secret is always 32 hex characters, so the owner check
+//! compares the first 33 bytes with `<secret>:`.
 //!
 //! Waiters queue in arrival order (a sorted set scored by server time) with a liveness set
 //! (scored by expiry, refreshed at every re-check): a release tells the live head on its own
@@ -187,7 +188,7 @@ end
 local cur = redis.call('GET', lock)
 if cur and string.sub(cur, 1, 33) == me .. ':' then
   redis.call('PEXPIRE', lock, ttl)
-  return {{1, tonumber(string.sub(cur, 34))}}
+  return {{1, tonumber(string.match(cur, '^%x+:(%d+)'))}}
 end
 local now, arrival, purged, head = 0, 0, 0, nil
 if queued or waiting then
@@ -250,6 +251,26 @@ end
 return 1
 "#
     ))
+});
+
+/// KEYS: lock. ARGV: secret, token, value, leader channel. Writes `<secret>:<token>:<value>`
+/// into the lock, keeping its TTL, if it is still ours with that token (announced before or
+/// not), then tells observers on the leader channel. Returns 1, or 0 (not ours: nothing written).
+/// The value lives in the lock key itself so it expires and is deleted with it.
+pub static ANNOUNCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+local cur = redis.call('GET', KEYS[1])
+local mine = ARGV[1] .. ':' .. ARGV[2]
+if not cur or (cur ~= mine and string.sub(cur, 1, #mine + 1) ~= mine .. ':') then
+  return 0
+end
+redis.call('SET', KEYS[1], mine .. ':' .. ARGV[3], 'KEEPTTL')
+redis.call('PUBLISH', ARGV[4], '1')
+return 1
+"#
+        .to_string(),
+    )
 });
 
 /// KEYS: lock 1..n. ARGV: secret 1, ttl ms 1, ..., secret n, ttl ms n.

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, LockBackend, LockError,
-    LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, Result, Wakeup,
+    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
+    LockError, LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, Result, Wakeup,
 };
+use futures_util::stream::BoxStream;
 use tokio::time::{Instant, timeout, timeout_at};
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState, Stat};
 
@@ -169,7 +170,11 @@ impl ZkBackend {
         LockError::backend(self.label(), retryable, e)
     }
 
-    async fn call<T>(
+    pub(crate) fn options(&self) -> &ZkOptions {
+        &self.inner.options
+    }
+
+    pub(crate) async fn call<T>(
         &self,
         fut: impl Future<Output = std::result::Result<T, ZkError>>,
     ) -> Result<T> {
@@ -185,7 +190,7 @@ impl ZkBackend {
 
     /// The live epoch; a new one on the same session once it is connected again, or on a new
     /// session after it expired or closed.
-    async fn epoch(&self) -> Result<Arc<Epoch>> {
+    pub(crate) async fn epoch(&self) -> Result<Arc<Epoch>> {
         let mut current = self.inner.epoch.lock().await;
         if let Some(e) = current.as_ref() {
             if e.is_live() {
@@ -553,7 +558,7 @@ impl ZkBackend {
 
 /// Queue nodes (ours and others', not foreign children) in creation order, as seen from our own
 /// node `path` (see [`queue_order`]: the sequence suffix wraps).
-fn in_order(children: Vec<String>, path: &str) -> Vec<String> {
+pub(crate) fn in_order(children: Vec<String>, path: &str) -> Vec<String> {
     let reference = path
         .rsplit('/')
         .next()
@@ -567,7 +572,7 @@ fn in_order(children: Vec<String>, path: &str) -> Vec<String> {
     queue.into_iter().map(|(_, c)| c).collect()
 }
 
-fn is_zk(e: &LockError, pred: impl Fn(&ZkError) -> bool) -> bool {
+pub(crate) fn is_zk(e: &LockError, pred: impl Fn(&ZkError) -> bool) -> bool {
     match e {
         LockError::Backend { source, .. } => source.downcast_ref::<ZkError>().is_some_and(pred),
         _ => false,
@@ -791,6 +796,18 @@ impl LockBackend for ZkBackend {
             epoch.end(distlock_api::LostReason::SessionLost);
             *current = None;
         }
+    }
+
+    async fn announce(&self, key: &GrantKey, _token: FencingToken, value: &str) -> Result<bool> {
+        self.announce_node(key, value).await
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        self.head_node(name).await
+    }
+
+    async fn leader_changes(&self, name: &LockName) -> Result<BoxStream<'static, ()>> {
+        self.head_changes(name).await
     }
 }
 

@@ -24,9 +24,12 @@
 //!   session *epoch* and fires every lease's lost signal at once by default
 //!   ([`OnDisconnect::Lose`]; [`OnDisconnect::WaitUpTo`] waits, never past the session timeout);
 //!   an expired or closed session does too. New acquires then use a new epoch, or a new session.
-//!   A manual `renew` checks the session and that our node still holds our secret.
+//!   A manual `renew` checks the session and that our node is still one of its ephemerals.
 //! * **TTL mapping**: every lease's TTL is the session timeout ([`ZkOptions::session_timeout`]);
 //!   the per-acquire TTL of the trait does not apply.
+//! * **Election**: the leader writes `<secret>:<value>` into its own node; observers read the
+//!   lowest node's data after a `sync`, and are hinted by child and data watches re-armed at
+//!   each change.
 //!
 //! # Why our own recipe
 //! `zookeeper-client` ships `Client::lock`, which is cancellation safe and recovers its node
@@ -36,6 +39,7 @@
 
 mod backend;
 mod config;
+mod election;
 mod guard;
 pub mod paths;
 mod session;

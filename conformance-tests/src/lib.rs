@@ -143,7 +143,13 @@ macro_rules! for_each_scenario {
             acquires_dropped_while_leaving_the_queue_leave_nothing: [],
             reentrant_owner_counts_holds: [Need::Reentrancy],
             server_kill_gives_retryable_errors_then_recovers: [Need::KillsServers],
-            correctness_is_granted_only_where_declared: []
+            correctness_is_granted_only_where_declared: [],
+            one_leader_at_a_time_with_increasing_terms: [Need::MonotonicFencing],
+            observers_agree_on_every_leader_in_order: [Need::MonotonicFencing],
+            a_resigned_leader_hands_over_promptly: [Need::MonotonicFencing],
+            a_killed_leader_process_is_replaced: [Need::ServerProcess, Need::MonotonicFencing],
+            a_cut_off_leader_is_told_first_and_fenced_off: [Need::MonotonicFencing],
+            cancelled_campaigns_leave_nothing_and_callbacks_hand_over: [Need::MonotonicFencing]
         }
     };
 }

@@ -79,3 +79,40 @@ fn a_bad_backend_is_reported_before_the_table() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("nosuch"));
 }
+
+/// The election example (`examples/scheduler.rs`) on `url`: it exits 0 only when one leader
+/// ran at a time, every job was fenced by its term, the killed leader was replaced, the
+/// resigned one handed over, and the deposed term's late write was refused.
+fn check_scheduler(url: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_scheduler-demo"))
+        .args(["--backend", url])
+        .output()
+        .expect("run the scheduler example");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "scheduler on {url} failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in ["after the kill", "after the resign", "refused", "OK: "] {
+        assert!(text.contains(line), "{url}: no {line:?} in {text}");
+    }
+}
+
+/// Stock servers; etcd and ZooKeeper with a short session, which is the election's lease there.
+#[test]
+fn the_scheduler_elects_replaces_and_hands_over_on_every_backend() {
+    check_scheduler("memory://scheduler");
+    let redis = RedisServer::start().expect("redis");
+    check_scheduler(&format!("{}?prefix=scheduler", redis.url()));
+    let etcd = EtcdCluster::start(1).expect("etcd");
+    check_scheduler(&format!(
+        "etcd://{}/scheduler?session_ttl=2s",
+        etcd.endpoints().join(",")
+    ));
+    let zk = ZkEnsemble::start(1).expect("zookeeper");
+    check_scheduler(&format!(
+        "zk://{}/scheduler?session_timeout=4s",
+        zk.connect_string()
+    ));
+}

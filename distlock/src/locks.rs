@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    AcquireOptions, Guarantee, Held, Lease, LockBackend, LockClient, LockError, Owner, Ran,
+    AcquireOptions, Election, Guarantee, Held, Lease, LockBackend, LockClient, LockError, Owner,
+    Ran,
 };
 
 use crate::config::{Config, OptionValue};
@@ -205,6 +206,36 @@ impl Locks {
             name: name.to_string(),
             opts: self.defaults.clone().guarantee(Guarantee::Correctness),
         }
+    }
+
+    /// The election named `name` on the profile of `grade`, campaigning with the lease defaults
+    /// of the configuration (a `Correctness` election needs the correctness profile: etcd or
+    /// ZooKeeper; its terms are fencing tokens there).
+    ///
+    /// # Errors
+    /// `Unsupported` for a correctness election without a correctness profile, or on a backend
+    /// without terms (Redlock); `InvalidName` for a bad name.
+    ///
+    /// # Examples
+    /// ```
+    /// use distlock::{Guarantee, StreamExt};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = distlock::Locks::load(None).await?; // no file: the embedded memory backend
+    /// let election = locks.election("scheduler", Guarantee::Correctness)?;
+    /// let mut leaders = election.observe();
+    /// let leadership = election.campaign("replica-1:8080").await?;
+    /// // ... act as the leader, writing with `leadership.term()` as the fencing token ...
+    /// let leader = leaders.next().await.expect("a stream never ends")?;
+    /// assert_eq!((leader.term, leader.value.as_str()), (leadership.term(), "replica-1:8080"));
+    /// leadership.resign().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn election(&self, name: &str, grade: Guarantee) -> Result<Election, LockError> {
+        let call = match grade {
+            Guarantee::Efficiency => self.efficiency(name),
+            Guarantee::Correctness => self.correctness(name),
+        };
+        Ok(call.client()?.election(name)?.options(call.opts))
     }
 
     /// The backend name serving each profile: (efficiency, correctness).

@@ -4,9 +4,11 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::stream::BoxStream;
 use tokio::time::Instant;
 
-use crate::error::Result;
+use crate::election::Leader;
+use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::Capabilities;
 use crate::name::LockName;
@@ -125,7 +127,7 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
             tokio::time::timeout_at(deadline, self.renew(key, *ttl))
                 .await
                 .unwrap_or_else(|_| {
-                    Err(crate::LockError::backend(
+                    Err(LockError::backend(
                         self.kind(),
                         true,
                         "no answer by the renewal deadline",
@@ -147,6 +149,40 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
     /// cannot prove them any more). Never touches another client's locks.
     async fn abandon(&self, key: &GrantKey) {
         let _ = key;
+    }
+
+    /// Writes `value` into the grant's own queue entry, where [`LockBackend::leader`] reads it,
+    /// only while the grant (whose fencing token is `token`) still holds: one atomic
+    /// check-and-write, `Ok(false)` with nothing written when it does not. The value goes with
+    /// the grant (released, expired, session dead). Used by leader election; the default refuses.
+    async fn announce(&self, key: &GrantKey, token: FencingToken, value: &str) -> Result<bool> {
+        let _ = (key, token, value);
+        Err(no_election(self.kind()))
+    }
+
+    /// The holder of `name` and the value it announced, read from the server that decides:
+    /// `None` when nobody holds it or the holder announced nothing yet. Never another name's,
+    /// never a released or expired grant's. The default refuses.
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let _ = name;
+        Err(no_election(self.kind()))
+    }
+
+    /// A stream that yields after the holder of `name`, or its announced value, may have
+    /// changed: hints (spurious ones allowed, several changes may give one hint) for observers,
+    /// which read [`LockBackend::leader`] again. Every change after this returns is hinted while
+    /// the backend's connection holds; the stream ends if it cannot go on (the observer
+    /// subscribes again). The default refuses.
+    async fn leader_changes(&self, name: &LockName) -> Result<BoxStream<'static, ()>> {
+        let _ = name;
+        Err(no_election(self.kind()))
+    }
+}
+
+fn no_election(backend: &'static str) -> LockError {
+    LockError::Unsupported {
+        backend,
+        what: "leader election".to_string(),
     }
 }
 

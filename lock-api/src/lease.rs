@@ -231,6 +231,14 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
+    pub(crate) fn shared(&self) -> &Arc<LeaseShared> {
+        &self.shared
+    }
+
+    pub(crate) fn key(&self) -> &GrantKey {
+        &self.shared.key
+    }
+
     pub(crate) fn new(shared: Arc<LeaseShared>) -> Self {
         Lease {
             shared,

@@ -6,6 +6,9 @@
 //! * [`Lease`]: the guard; fencing token, local validity ([`Lease::remaining`]), renew, release,
 //!   and the [`LostSignal`] to select on.
 //! * [`Fence`]: the resource-side check of fencing tokens.
+//! * [`Election`]: leader election on a lock's queue ([`LockClient::election`]): campaign,
+//!   [`Leadership`] (term = fencing token, lost signal, proclaim, resign), the callback form
+//!   ([`Election::lead`]), and observers ([`Election::leader`], [`Election::observe`]).
 //! * [`memory`]: the reference backend, usable under `tokio::time::pause()`.
 //!
 //! # Efficiency or correctness?
@@ -43,6 +46,7 @@
 
 mod backend;
 mod client;
+mod election;
 mod error;
 mod fencing;
 mod guarantee;
@@ -59,8 +63,15 @@ mod watchdog;
 
 pub use backend::{Grant, GrantKey, LockBackend, Renewal, renew_as_batch};
 pub use client::LockClient;
+pub use election::{
+    ELECTION_LOCK_PREFIX, Election, Leader, Leadership, MAX_VALUE_BYTES, announced_entry,
+    announced_value, entry_written_by,
+};
 pub use error::{LockError, LostReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
+/// The stream traits and type of [`Election::observe`], re-exported so observers need no
+/// `futures` dependency of their own.
+pub use futures_util::{Stream, StreamExt, stream::BoxStream};
 pub use guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
 pub use lease::Lease;
 pub use name::{HASHED_PREFIX_LEN, LockName, MAX_ENCODED_LEN, MAX_NAME_BYTES};

@@ -7,9 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::memory::{MemoryBackend, MemoryStore};
 use distlock_api::{
-    AcquireOptions, Capabilities, Fencing, Grant, GrantKey, Guarantee, LockBackend, LockClient,
-    LockError, LockName, LostReason, Owner, Renewal,
+    AcquireOptions, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader,
+    LockBackend, LockClient, LockError, LockName, LostReason, Owner, Renewal,
 };
+use futures_util::stream::BoxStream;
 use tokio::time::{Instant, advance, sleep};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -79,6 +80,23 @@ impl LockBackend for Probe {
     }
     async fn abandon(&self, key: &GrantKey) {
         self.inner.abandon(key).await
+    }
+    async fn announce(
+        &self,
+        key: &GrantKey,
+        token: FencingToken,
+        value: &str,
+    ) -> distlock_api::Result<bool> {
+        self.inner.announce(key, token, value).await
+    }
+    async fn leader(&self, name: &LockName) -> distlock_api::Result<Option<Leader>> {
+        self.inner.leader(name).await
+    }
+    async fn leader_changes(
+        &self,
+        name: &LockName,
+    ) -> distlock_api::Result<BoxStream<'static, ()>> {
+        self.inner.leader_changes(name).await
     }
 }
 

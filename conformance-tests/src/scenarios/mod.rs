@@ -3,6 +3,7 @@
 
 mod basic;
 mod cancellation;
+mod election;
 mod faults;
 mod fencing;
 mod idle;
@@ -22,12 +23,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    AcquireOptions, Capabilities, Grant, GrantKey, LockBackend, LockClient, LockName, Renewal,
+    AcquireOptions, Capabilities, FencingToken, Grant, GrantKey, Leader, LockBackend, LockClient,
+    LockName, Renewal,
 };
+use futures_util::stream::BoxStream;
 use tokio::time::Instant;
 
 pub use basic::*;
 pub use cancellation::*;
+pub use election::*;
 pub use faults::*;
 pub use fencing::*;
 pub use idle::*;
@@ -153,5 +157,22 @@ impl LockBackend for Counting {
     }
     async fn abandon(&self, key: &GrantKey) {
         self.inner.abandon(key).await
+    }
+    async fn announce(
+        &self,
+        key: &GrantKey,
+        token: FencingToken,
+        value: &str,
+    ) -> distlock_api::Result<bool> {
+        self.inner.announce(key, token, value).await
+    }
+    async fn leader(&self, name: &LockName) -> distlock_api::Result<Option<Leader>> {
+        self.inner.leader(name).await
+    }
+    async fn leader_changes(
+        &self,
+        name: &LockName,
+    ) -> distlock_api::Result<BoxStream<'static, ()>> {
+        self.inner.leader_changes(name).await
     }
 }

@@ -19,10 +19,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until};
 
 use crate::backend::{Grant, GrantKey, LockBackend, Renewal};
+use crate::election::Leader;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
@@ -304,5 +307,48 @@ impl LockBackend for MemoryBackend {
             .store
             .lock()
             .release(&key.resource, &key.secret, Instant::now()))
+    }
+
+    async fn announce(&self, key: &GrantKey, token: FencingToken, value: &str) -> Result<bool> {
+        self.check_reachable()?;
+        let mut st = self.store.lock();
+        let Some(h) = st
+            .held_by(&key.resource, &key.secret, Instant::now())
+            .filter(|h| h.token == token.0)
+        else {
+            return Ok(false);
+        };
+        h.value = Some(value.to_string());
+        st.changes.send_modify(|n| *n += 1);
+        Ok(true)
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        self.check_reachable()?;
+        let now = Instant::now();
+        let mut st = self.store.lock();
+        st.settle(name.encoded(), now);
+        Ok(st
+            .locks
+            .get(name.encoded())
+            .and_then(|e| e.holder.as_ref())
+            .and_then(|h| {
+                Some(Leader {
+                    term: FencingToken(h.token),
+                    value: h.value.clone()?,
+                })
+            }))
+    }
+
+    async fn leader_changes(&self, name: &LockName) -> Result<BoxStream<'static, ()>> {
+        let _ = name;
+        self.check_reachable()?;
+        let mut rx = self.store.lock().changes.subscribe();
+        rx.mark_unchanged();
+        Ok(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some(((), rx))
+        })
+        .boxed())
     }
 }

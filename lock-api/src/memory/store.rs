@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::owner::OwnerSecret;
@@ -15,6 +15,8 @@ pub(super) struct Holder {
     pub(super) secret: OwnerSecret,
     pub(super) token: u64,
     pub(super) expires: Instant,
+    /// What the holder announced as an election's leader.
+    pub(super) value: Option<String>,
 }
 
 pub(super) struct Waiter {
@@ -37,6 +39,8 @@ pub(super) struct State {
     /// One store-wide sequence: strictly increasing per name, and no per-name key to leak.
     pub(super) last_token: u64,
     pub(super) last_waiter: u64,
+    /// Bumped at every announcement and release: observers' change hints.
+    pub(super) changes: watch::Sender<u64>,
 }
 
 impl State {
@@ -60,6 +64,7 @@ impl State {
                     secret: w.secret,
                     token,
                     expires: now + w.ttl,
+                    value: None,
                 });
             }
         }
@@ -90,6 +95,7 @@ impl State {
             secret: secret.clone(),
             token,
             expires: now + ttl,
+            value: None,
         });
         Some(token)
     }
@@ -113,6 +119,7 @@ impl State {
         let held = self.held_by(key, secret, now).is_some();
         if held && let Some(e) = self.locks.get_mut(key) {
             e.holder = None;
+            self.changes.send_modify(|n| *n += 1);
         }
         self.settle(key, now);
         held

@@ -1,0 +1,145 @@
+//! Leader election on the lock queue: the leader's value is written into its own node's data
+//! ([`distlock_api::announced_entry`]), so the lowest node of the name's directory is the leader
+//! and its value, and the value goes with the node (release, session expiry).
+
+use distlock_api::{
+    FencingToken, GrantKey, Leader, LockName, Result, announced_entry, announced_value,
+};
+use futures_util::StreamExt;
+use futures_util::future::select_all;
+use futures_util::stream::BoxStream;
+use zookeeper_client::{Error as ZkError, OneshotWatcher};
+
+use crate::ZkBackend;
+use crate::backend::{in_order, is_zk};
+use crate::paths::{lock_dir, owned_by};
+
+/// How many times a read retries when the head it listed was deleted before its data was read.
+const HEAD_TRIES: usize = 3;
+
+/// What observers' hints compare: the head node and its data version.
+type HeadState = Option<(String, i32)>;
+
+impl ZkBackend {
+    /// Sets `<secret>:<value>` on our node; `false` when the node is gone (released, or its
+    /// session expired). The path is unique to this grant (sequential), so no other check is
+    /// needed.
+    pub(crate) async fn announce_node(&self, key: &GrantKey, value: &str) -> Result<bool> {
+        if !owned_by(&key.resource, &key.secret) {
+            return Ok(false);
+        }
+        let epoch = self.epoch().await?;
+        let data = announced_entry(&key.secret.expose_hex(), value);
+        match self
+            .call(epoch.client.set_data(&key.resource, data.as_bytes(), None))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The lowest node of the name's directory and its announced value, read after a `sync`
+    /// (sent right ahead of the listing on the same connection), so a follower's stale view
+    /// is never reported.
+    pub(crate) async fn head_node(&self, name: &LockName) -> Result<Option<Leader>> {
+        let dir = lock_dir(&self.options().root, name);
+        let epoch = self.epoch().await?;
+        for _ in 0..HEAD_TRIES {
+            let (synced, listed) = tokio::join!(
+                self.call(epoch.client.sync(&dir)),
+                self.call(epoch.client.list_children(&dir))
+            );
+            let children = match synced.and(listed) {
+                Ok(c) => c,
+                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let Some(head) = head_of(children) else {
+                return Ok(None);
+            };
+            match self
+                .call(epoch.client.get_data(&format!("{dir}/{head}")))
+                .await
+            {
+                Ok((data, stat)) => {
+                    return Ok(announced_value(&data).map(|value| Leader {
+                        term: FencingToken(stat.czxid as u64),
+                        value,
+                    }));
+                }
+                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Hints for observers. ZooKeeper watches fire once, so each hint re-arms them: a child
+    /// watch on the directory (or an existence watch while it is missing) and a data watch on
+    /// the head. A change between a hint and the re-arm shows as a different head or data
+    /// version when re-armed, and is hinted at once.
+    pub(crate) async fn head_changes(&self, name: &LockName) -> Result<BoxStream<'static, ()>> {
+        let dir = lock_dir(&self.options().root, name);
+        let (seen, watchers) = self.arm(&dir).await?;
+        let state = (self.clone(), dir, seen, watchers);
+        Ok(
+            futures_util::stream::unfold(state, |(zk, dir, mut seen, mut watchers)| async move {
+                loop {
+                    let fired = !watchers.is_empty();
+                    if fired {
+                        let waits = watchers.into_iter().map(|w| Box::pin(w.changed()));
+                        select_all(waits).await;
+                    }
+                    let (now, armed) = zk.arm(&dir).await.ok()?;
+                    watchers = armed;
+                    if fired || now != seen {
+                        seen = now;
+                        return Some(((), (zk, dir, seen, watchers)));
+                    }
+                }
+            })
+            .boxed(),
+        )
+    }
+
+    async fn arm(&self, dir: &str) -> Result<(HeadState, Vec<OneshotWatcher>)> {
+        let epoch = self.epoch().await?;
+        loop {
+            let (children, on_children) =
+                match self.call(epoch.client.list_and_watch_children(dir)).await {
+                    Ok(listed) => listed,
+                    Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => {
+                        let (stat, on_dir) =
+                            self.call(epoch.client.check_and_watch_stat(dir)).await?;
+                        if stat.is_some() {
+                            continue;
+                        }
+                        return Ok((None, vec![on_dir]));
+                    }
+                    Err(e) => return Err(e),
+                };
+            let Some(head) = head_of(children) else {
+                return Ok((None, vec![on_children]));
+            };
+            let path = format!("{dir}/{head}");
+            return match self.call(epoch.client.get_and_watch_data(&path)).await {
+                Ok((_, stat, on_head)) => {
+                    Ok((Some((head, stat.version)), vec![on_children, on_head]))
+                }
+                // Deleted since the listing: the child watch fires for it.
+                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => {
+                    Ok((Some((head, -1)), vec![on_children]))
+                }
+                Err(e) => Err(e),
+            };
+        }
+    }
+}
+
+/// The lowest of a directory's queue nodes, in wrap-aware order (any node is a valid reference).
+fn head_of(children: Vec<String>) -> Option<String> {
+    let reference = children.first()?.clone();
+    in_order(children, &reference).into_iter().next()
+}
