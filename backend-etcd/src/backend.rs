@@ -269,17 +269,19 @@ impl EtcdBackend {
         }
     }
 
-    /// Deletes `key` if the attempt owning `secret` wrote its value (the secret, or the secret
-    /// and an announced value: [`distlock_api::entry_written_by`]); returns whether it did. A key path is
-    /// reused by the session's next attempt on the name once freed, so a plain delete that
-    /// arrives late (a timed-out try that etcd still applies, a background clean-up racing the
-    /// next acquire) could delete the next grant's key: the compare makes a late delete find
-    /// nothing. Safe to repeat; one round trip for a lock, two for an election's leader (etcd
-    /// compares whole values, so the announced one is read first). (No test shows the late
+    /// Deletes `key` if its value is `entry` (what the attempt wrote: its secret, or the secret
+    /// and an announced value), or another value the same attempt wrote
+    /// ([`distlock_api::entry_written_by`]: a proclaim this client did not see answered); returns
+    /// whether it did. A key path is reused by the session's next attempt on the name once freed,
+    /// so a plain delete that arrives late (a timed-out try that etcd still applies, a background
+    /// clean-up racing the next acquire) could delete the next grant's key: the compare makes a
+    /// late delete find nothing. Safe to repeat; one round trip when `entry` is current (etcd
+    /// compares whole values, so another value of ours is read first). (No test shows the late
     /// delete: it needs etcd to apply a request after a later one of the same client, which the
     /// harness's proxy, delaying a whole connection in order, cannot arrange.)
-    pub(crate) async fn delete_ours(&self, key: &str, secret: &str) -> Result<bool> {
-        let mut expected = secret.as_bytes().to_vec();
+    pub(crate) async fn delete_ours(&self, key: &str, entry: &str) -> Result<bool> {
+        let secret = entry.split(':').next().unwrap_or(entry);
+        let mut expected = entry.as_bytes().to_vec();
         // A value changes only by a proclaim of the same holder, so two reads settle it.
         for _ in 0..3 {
             let txn = Txn::new()
@@ -357,7 +359,7 @@ impl EtcdBackend {
         Ok(s)
     }
 
-    fn session_of(&self, lease: i64) -> Option<Arc<Session>> {
+    pub(crate) fn session_of(&self, lease: i64) -> Option<Arc<Session>> {
         let all = self
             .inner
             .sessions
@@ -377,14 +379,14 @@ impl EtcdBackend {
         prefix: &str,
         key: &str,
         lease: i64,
-        secret: &str,
+        entry: &str,
         prior: Option<RepeatPrior>,
     ) -> Result<(i64, Ahead)> {
         let alone = prior.as_ref().is_some_and(RepeatPrior::send_alone);
         // Our fresh key, then (unless sent alone) its nearest predecessors.
         let mut ops = vec![TxnOp::put(
             key,
-            secret,
+            entry,
             Some(PutOptions::new().with_lease(lease)),
         )];
         if !alone {
@@ -434,7 +436,7 @@ impl EtcdBackend {
             ));
         }
         match got.kvs().first() {
-            Some(kv) if kv.value() == secret.as_bytes() => {
+            Some(kv) if kv.value() == entry.as_bytes() => {
                 let my_rev = kv.create_revision();
                 Ok((my_rev, self.read_ahead(prefix, key, my_rev).await?))
             }
@@ -583,12 +585,23 @@ impl EtcdBackend {
         LockError::backend(self.inner.endpoints.clone(), true, text)
     }
 
-    async fn acquire_inner(&self, name: &LockName, deadline: Option<Instant>) -> Result<Grant> {
+    /// Enqueues an attempt key whose value is the secret, or with `value` the secret and that
+    /// announced value ([`distlock_api::announced_entry`]), and waits for its turn.
+    async fn acquire_inner(
+        &self,
+        name: &LockName,
+        deadline: Option<Instant>,
+        value: Option<&str>,
+    ) -> Result<Grant> {
         let started = Instant::now();
         let session = self.session().await?;
         let prefix = self.name_prefix(name);
         let secret = OwnerSecret::random()?;
-        let slot = session.take_slot(&prefix, &secret.expose_hex());
+        let entry = match value {
+            Some(v) => distlock_api::announced_entry(&secret.expose_hex(), v),
+            None => secret.expose_hex(),
+        };
+        let slot = session.take_slot(&prefix, &entry);
         let key = attempt_key(&self.inner.options.prefix, name, session.lease, slot);
         let mut queued = QueuedKey {
             backend: self.clone(),
@@ -596,21 +609,18 @@ impl EtcdBackend {
             prefix: prefix.clone(),
             slot,
             key: Some(key.clone()),
-            secret: secret.expose_hex(),
+            entry: entry.clone(),
             unsure: false,
         };
         // The put is polled right here (a task of its own cost ~30 us of thread hops per
         // acquire on 2 cores); if the caller gives up while it is in flight, `InFlight` moves it
         // into a task that finishes it before the armed key is dropped and deleted (see there).
-        let (this, k, hex, lease) = (
-            self.clone(),
-            key.clone(),
-            secret.expose_hex(),
-            session.lease,
-        );
+        let (this, k, lease) = (self.clone(), key.clone(), session.lease);
         let prior = self.inner.repeat.take(&prefix);
         let put = InFlight::new(async move {
-            let enqueued = this.enqueue(&queued.prefix, &k, lease, &hex, prior).await;
+            let enqueued = this
+                .enqueue(&queued.prefix, &k, lease, &queued.entry, prior)
+                .await;
             queued.unsure = enqueued.is_err();
             (queued, enqueued)
         });
@@ -670,8 +680,9 @@ struct QueuedKey {
     prefix: String,
     slot: u64,
     key: Option<String>,
-    /// The key's value: the attempt's secret, which the delete compares (see [`delete_ours`]).
-    secret: String,
+    /// The key's value (the attempt's secret, and an announced value), which the delete
+    /// compares (see [`EtcdBackend::delete_ours`]).
+    entry: String,
     /// The put got no answer (error or timeout), so it may still land: a delete that finds
     /// nothing looks once more after `op_timeout`.
     unsure: bool,
@@ -692,7 +703,7 @@ impl QueuedKey {
         let mut unsure = self.unsure;
         let mut attempt = 0;
         while attempt < CLEANUP_TRIES {
-            match self.backend.delete_ours(key, &self.secret).await {
+            match self.backend.delete_ours(key, &self.entry).await {
                 Ok(false) if unsure => {
                     unsure = false;
                     tokio::time::sleep(self.backend.inner.options.op_timeout).await;
@@ -754,7 +765,7 @@ impl Drop for QueuedKey {
             prefix: std::mem::take(&mut self.prefix),
             slot: self.slot,
             key: None,
-            secret: std::mem::take(&mut self.secret),
+            entry: std::mem::take(&mut self.entry),
             unsure: self.unsure,
         };
         rt.spawn(async move { rest.delete(&key).await });
@@ -815,11 +826,23 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
-        self.acquire_inner(name, None).await
+        self.acquire_inner(name, None, None).await
     }
 
     async fn acquire(&self, name: &LockName, _ttl: Duration, deadline: Instant) -> Result<Grant> {
-        self.acquire_inner(name, Some(deadline)).await
+        self.acquire_inner(name, Some(deadline), None).await
+    }
+
+    async fn acquire_announced(
+        &self,
+        name: &LockName,
+        _ttl: Duration,
+        value: &str,
+        deadline: Instant,
+    ) -> Result<Option<Grant>> {
+        self.acquire_inner(name, Some(deadline), Some(value))
+            .await
+            .map(Some)
     }
 
     /// A keep-alive of the session lease, then a check that our key is still there: the lease
@@ -919,10 +942,11 @@ impl LockBackend for EtcdBackend {
             return self.delete_ours(path, &secret).await;
         };
         let prefix = self.name_prefix(&key.name);
-        if !path.starts_with(&prefix) || !session.holds_slot(&prefix, slot, &secret) {
-            return Ok(false);
-        }
-        let deleted = self.delete_ours(path, &secret).await?;
+        let entry = match session.slot_entry(&prefix, slot, &secret) {
+            Some(entry) if path.starts_with(&prefix) => entry,
+            _ => return Ok(false),
+        };
+        let deleted = self.delete_ours(path, &entry).await?;
         // Recorded before the slot is given back: once it is, the next acquire of the name may
         // reuse the path, and a release recorded after that grant would mark it released
         // instead (and let a later acquire skip its queue read beside it). No test can force

@@ -23,9 +23,10 @@ impl EtcdBackend {
         token: FencingToken,
         value: &str,
     ) -> Result<bool> {
-        let Some((lease, _)) = parse_attempt_key(&key.resource) else {
+        let Some((lease, slot)) = parse_attempt_key(&key.resource) else {
             return Ok(false);
         };
+        let entry = announced_entry(&key.secret.expose_hex(), value);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 key.resource.as_str(),
@@ -34,10 +35,15 @@ impl EtcdBackend {
             )])
             .and_then([TxnOp::put(
                 key.resource.as_str(),
-                announced_entry(&key.secret.expose_hex(), value),
+                entry.as_str(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        Ok(self.txn(txn).await?.succeeded())
+        let written = self.txn(txn).await?.succeeded();
+        // The release compares the value: the slot keeps the current one.
+        if written && let Some(session) = self.session_of(lease) {
+            session.set_slot_entry(&self.name_prefix(&key.name), slot, &entry);
+        }
+        Ok(written)
     }
 
     /// The oldest key of the name's range (the holder), with its value: one linearizable read.

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::{LostReason, LostSignal, LostTrigger, lost_signal};
+use distlock_api::{LostReason, LostSignal, LostTrigger, entry_written_by, lost_signal};
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -31,9 +31,10 @@ pub(crate) struct Session {
     /// The lease's keep-alive stream, kept open between refreshes: opening one costs a round trip
     /// of its own (the client sends a keep-alive and waits for it before handing the stream out).
     stream: tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
-    /// Attempt-key slots in use, per name prefix, with the secret of the attempt that holds each
-    /// (see [`crate::keys`]): a slot is taken for an attempt and given back only once its key is
-    /// known deleted, so a live key is never reused, and only the holder's secret releases it.
+    /// Attempt-key slots in use, per name prefix, with the value of the attempt's key (its
+    /// secret, and an election's announced value after it; see [`crate::keys`]): a slot is taken
+    /// for an attempt and given back only once its key is known deleted, so a live key is never
+    /// reused, and only the holder's secret releases it.
     slots: Mutex<HashMap<String, BTreeMap<u64, String>>>,
 }
 
@@ -61,22 +62,37 @@ impl Session {
         Ok(session)
     }
 
-    /// The lowest attempt slot of `prefix` not in use, now taken by the attempt with `secret`.
-    pub(crate) fn take_slot(&self, prefix: &str, secret: &str) -> u64 {
+    /// The lowest attempt slot of `prefix` not in use, now taken by the attempt whose key's
+    /// value is `entry`.
+    pub(crate) fn take_slot(&self, prefix: &str, entry: &str) -> u64 {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let used = slots.entry(prefix.to_string()).or_default();
         let free = (0..).find(|n| !used.contains_key(n)).unwrap_or_default();
-        used.insert(free, secret.to_string());
+        used.insert(free, entry.to_string());
         free
     }
 
-    /// Whether `slot` of `prefix` is taken by the attempt with `secret`.
-    pub(crate) fn holds_slot(&self, prefix: &str, slot: u64, secret: &str) -> bool {
+    /// The value of the key of `slot` of `prefix`, if the attempt with `secret` holds the slot.
+    pub(crate) fn slot_entry(&self, prefix: &str, slot: u64, secret: &str) -> Option<String> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots
             .get(prefix)
             .and_then(|used| used.get(&slot))
-            .is_some_and(|s| s == secret)
+            .filter(|entry| entry_written_by(entry.as_bytes(), secret))
+            .cloned()
+    }
+
+    /// Whether `slot` of `prefix` is taken by the attempt with `secret`.
+    pub(crate) fn holds_slot(&self, prefix: &str, slot: u64, secret: &str) -> bool {
+        self.slot_entry(prefix, slot, secret).is_some()
+    }
+
+    /// Records a new value of the key of `slot` (an announcement), if it is still taken.
+    pub(crate) fn set_slot_entry(&self, prefix: &str, slot: u64, entry: &str) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = slots.get_mut(prefix).and_then(|used| used.get_mut(&slot)) {
+            *e = entry.to_string();
+        }
     }
 
     /// Gives a slot back once its key is deleted (or never written).

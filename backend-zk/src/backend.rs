@@ -292,16 +292,22 @@ impl ZkBackend {
     /// waiting (requests of one session run in order, so it sees our node): an uncontended
     /// acquire costs one round trip, not two. A repeat acquire on an idle ensemble may skip the
     /// listing (see [`RepeatGrant`]). After a connection loss during create, finds the node by
-    /// its protected prefix *and* our session id before creating another.
+    /// its protected prefix *and* our session id before creating another. The node's data is
+    /// the secret, or with `value` the secret and that announced value
+    /// ([`distlock_api::announced_entry`]).
     async fn create_node(
         &self,
         epoch: &Epoch,
         dir: &str,
         secret: &OwnerSecret,
+        value: Option<&str>,
     ) -> Result<(String, Stat, Option<Vec<String>>)> {
         let prefix = node_prefix(dir, secret);
         let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
-        let data = secret.expose_hex();
+        let data = match value {
+            Some(v) => distlock_api::announced_entry(&secret.expose_hex(), v),
+            None => secret.expose_hex(),
+        };
         let prior = self.inner.repeat.take(dir);
         for _ in 0..CREATE_TRIES {
             let create = epoch.client.create(&prefix, data.as_bytes(), &mode);
@@ -394,7 +400,12 @@ impl ZkBackend {
         }
     }
 
-    async fn acquire_inner(&self, name: &LockName, deadline: Option<Instant>) -> Result<Grant> {
+    async fn acquire_inner(
+        &self,
+        name: &LockName,
+        deadline: Option<Instant>,
+        value: Option<&str>,
+    ) -> Result<Grant> {
         let started = Instant::now();
         let epoch = self.epoch().await?;
         let dir = self.lock_dir(name);
@@ -411,7 +422,7 @@ impl ZkBackend {
             path: None,
             armed: true,
         };
-        let created = self.create_node(&epoch, &dir, &secret).await;
+        let created = self.create_node(&epoch, &dir, &secret, value).await;
         let (path, stat, listed) = match created {
             Ok(c) => c,
             Err(e) => {
@@ -685,11 +696,23 @@ impl LockBackend for ZkBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
-        self.acquire_inner(name, None).await
+        self.acquire_inner(name, None, None).await
     }
 
     async fn acquire(&self, name: &LockName, _ttl: Duration, deadline: Instant) -> Result<Grant> {
-        self.acquire_inner(name, Some(deadline)).await
+        self.acquire_inner(name, Some(deadline), None).await
+    }
+
+    async fn acquire_announced(
+        &self,
+        name: &LockName,
+        _ttl: Duration,
+        value: &str,
+        deadline: Instant,
+    ) -> Result<Option<Grant>> {
+        self.acquire_inner(name, Some(deadline), Some(value))
+            .await
+            .map(Some)
     }
 
     /// The session heartbeat is the renewal; this proves the session alive through the leader

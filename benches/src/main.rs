@@ -11,6 +11,7 @@
 //! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, rslock), hand-over with 8 and 64 clients on
 //! one name, 1 000 names under 256 tasks, and 10 000 leases held with the watchdog on.
 
+mod election;
 mod handover;
 mod report;
 mod rtt;
@@ -25,7 +26,7 @@ use distlock::LockBackend;
 use distlock_conformance::harness::{EtcdCluster, RedisMasters, RedisServer, ZkEnsemble};
 
 use crate::handover::{Waiter, handover};
-use crate::report::{Handover, Report, Scale, Uncontended};
+use crate::report::{Election, Handover, Report, Scale, Uncontended};
 use crate::rtt::Ping;
 use crate::scale::Counter;
 use crate::stats::median;
@@ -44,6 +45,9 @@ struct Size {
     scale_pairs: usize,
     held: usize,
 }
+
+/// Candidates of the election run (a control plane's replica count).
+const CANDIDATES: usize = 3;
 
 const FULL: Size = Size {
     rounds: 5,
@@ -224,6 +228,7 @@ async fn main() {
         rounds: size.rounds,
         uncontended: Vec::new(),
         handover: Vec::new(),
+        elections: Vec::new(),
         scale: Vec::new(),
     };
 
@@ -292,6 +297,33 @@ async fn main() {
                     rtt_p50_us: rtt,
                 });
             }
+        }
+
+        // Redlock has no tokens, so no terms: no election there.
+        if t.label != "redlock x3" {
+            let mut locks = Vec::new();
+            let mut leaders = Vec::new();
+            for _ in 0..size.rounds {
+                let mut waiters = Vec::new();
+                let mut candidates = Vec::new();
+                for _ in 0..CANDIDATES {
+                    waiters.push(Waiter::ours(connect(&t.url).await));
+                    candidates.push(connect(&t.url).await);
+                }
+                let grants = size.grants / t.slow / 2;
+                locks.push(handover(waiters, "bench/lock-3", grants, size.budget).await);
+                let observer = connect(&t.url).await;
+                leaders.push(
+                    election::election(candidates, observer, "bench", grants, size.budget).await,
+                );
+            }
+            report.elections.push(Election {
+                backend: t.label.to_string(),
+                candidates: CANDIDATES,
+                lock: median(&locks),
+                leader: median(&leaders.iter().map(|e| e.handover).collect::<Vec<_>>()),
+                observed: median(&leaders.iter().map(|e| e.observed).collect::<Vec<_>>()),
+            });
         }
 
         // The other clients of this server go first: their keep-alives would blur the server's

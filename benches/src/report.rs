@@ -47,6 +47,19 @@ pub struct Handover {
     pub rtt_p50_us: Option<f64>,
 }
 
+/// Leader hand-over of one backend, next to its lock hand-over with as many clients.
+#[derive(Debug, Serialize)]
+pub struct Election {
+    pub backend: String,
+    pub candidates: usize,
+    /// The lock hand-over with `candidates` clients.
+    pub lock: Stats,
+    /// Resign returned -> the next leader's campaign returned.
+    pub leader: Stats,
+    /// Resign returned -> an observer on its own client reported the next leader.
+    pub observed: Stats,
+}
+
 /// Scale figures of one backend.
 #[derive(Debug, Serialize)]
 pub struct Scale {
@@ -63,6 +76,7 @@ pub struct Report {
     pub rounds: usize,
     pub uncontended: Vec<Uncontended>,
     pub handover: Vec<Handover>,
+    pub elections: Vec<Election>,
     pub scale: Vec<Scale>,
 }
 
@@ -130,6 +144,33 @@ impl Report {
                 h.stats.p99_us,
                 opt(h.rtt_p50_us, 0),
                 opt(h.rtt_p50_us.map(|r| h.stats.p50_us / r), 1),
+            ));
+        }
+        md.push_str(
+            "\n## Leader election: candidates on one election, one observer\n\n\
+             Each candidate campaigns, leads for one scheduler yield and resigns, in turn; an \
+             observer on a client of its own follows the leaders. Leader hand-over = from the \
+             return of one leader's resign to the return of the next leader's campaign (elected \
+             and its value announced); observer = to the observer's report of the new leader. \
+             Lock = the lock hand-over of the same backend with as many clients, same run.\n\n\
+             | backend | candidates | lock hand-over p50 | leader hand-over p50 | p99 | leader / lock p50 | observer told p50 | p99 | leaders/s |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for e in &self.elections {
+            md.push_str(&format!(
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.0} |\n",
+                e.backend,
+                e.candidates,
+                e.lock.p50_us,
+                e.leader.p50_us,
+                e.leader.p99_us,
+                opt(
+                    (e.lock.p50_us > 0.0).then(|| e.leader.p50_us / e.lock.p50_us),
+                    2
+                ),
+                e.observed.p50_us,
+                e.observed.p99_us,
+                e.leader.per_sec,
             ));
         }
         md.push_str(

@@ -88,7 +88,7 @@ impl LockClient {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire(&self, name: &str, opts: &AcquireOptions) -> Result<Lease> {
-        self.acquire_inner(name, opts, None).await
+        Ok(self.acquire_inner(name, opts, None, None).await?.0)
     }
 
     /// Takes the lock, waiting up to `timeout`.
@@ -119,8 +119,10 @@ impl LockClient {
         opts: &AcquireOptions,
         timeout: Duration,
     ) -> Result<Lease> {
-        self.acquire_inner(name, opts, Some(Instant::now() + timeout))
-            .await
+        Ok(self
+            .acquire_inner(name, opts, Some(Instant::now() + timeout), None)
+            .await?
+            .0)
     }
 
     /// Like [`LockClient::acquire`], with an absolute deadline on tokio's clock.
@@ -130,7 +132,10 @@ impl LockClient {
         opts: &AcquireOptions,
         deadline: Instant,
     ) -> Result<Lease> {
-        self.acquire_inner(name, opts, Some(deadline)).await
+        Ok(self
+            .acquire_inner(name, opts, Some(deadline), None)
+            .await?
+            .0)
     }
 
     /// Takes the lock if it is free (else fails with [`LockError::Busy`] at once) and runs `f`
@@ -199,13 +204,16 @@ impl LockClient {
         Ok(crate::run::under(lease, f).await)
     }
 
+    /// The one acquire path. With `value` (an election's campaign, always waiting), the backend
+    /// may write it into the queue entry at once; the second output says whether it did.
     #[tracing::instrument(name = "distlock.acquire", skip_all, fields(lock = name, backend = self.backend.kind(), waiting = deadline.is_some()))]
-    async fn acquire_inner(
+    pub(crate) async fn acquire_inner(
         &self,
         name: &str,
         opts: &AcquireOptions,
         deadline: Option<Instant>,
-    ) -> Result<Lease> {
+        value: Option<&str>,
+    ) -> Result<(Lease, bool)> {
         let name = LockName::new(name)?;
         opts.validate()?;
         // The TTL the lease will actually get (a session's, on etcd and ZooKeeper): the renewal
@@ -225,11 +233,15 @@ impl LockClient {
             && let Some(shared) = owner.held(&hold_key)
             && let Some(lease) = reenter(shared)?
         {
-            return Ok(lease);
+            return Ok((lease, false));
         }
-        let grant = match deadline {
-            None => self.backend.try_acquire(&name, ttl).await?,
-            Some(d) => self.backend.acquire(&name, ttl, d).await?,
+        let (grant, announced) = match (deadline, value) {
+            (None, _) => (self.backend.try_acquire(&name, ttl).await?, false),
+            (Some(d), Some(v)) => match self.backend.acquire_announced(&name, ttl, v, d).await? {
+                Some(g) => (g, true),
+                None => (self.backend.acquire(&name, ttl, d).await?, false),
+            },
+            (Some(d), None) => (self.backend.acquire(&name, ttl, d).await?, false),
         };
         // From here to the return there is no await: a dropped future cannot leak the grant,
         // because the lease (whose Drop releases) exists before any suspension point.
@@ -242,7 +254,7 @@ impl LockClient {
             ));
         }
         tracing::debug!(token = ?lease.fencing_token(), ttl = ?lease.ttl(), "distlock acquired");
-        Ok(lease)
+        Ok((lease, announced))
     }
 
     fn wrap(

@@ -192,9 +192,9 @@ impl Election {
                 "a leadership is not re-entrant: campaign without an owner",
             ));
         }
-        let lease = self
+        let (lease, announced) = self
             .client
-            .acquire_until(self.lock.as_str(), &self.opts, deadline)
+            .acquire_inner(self.lock.as_str(), &self.opts, Some(deadline), Some(value))
             .await?;
         let Some(term) = lease.fencing_token() else {
             return Err(LockError::Unsupported {
@@ -210,7 +210,9 @@ impl Election {
             value: value.to_string(),
             election: self.name.clone(),
         };
-        leadership.announce(value).await?;
+        if !announced {
+            leadership.announce(value).await?;
+        }
         tracing::debug!(term = term.0, "distlock elected");
         Ok(leadership)
     }

@@ -81,6 +81,17 @@ impl LockBackend for Probe {
     async fn abandon(&self, key: &GrantKey) {
         self.inner.abandon(key).await
     }
+    async fn acquire_announced(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        value: &str,
+        deadline: Instant,
+    ) -> distlock_api::Result<Option<Grant>> {
+        self.inner
+            .acquire_announced(name, ttl, value, deadline)
+            .await
+    }
     async fn announce(
         &self,
         key: &GrantKey,
