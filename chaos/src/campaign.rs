@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use distlock_conformance::deployment::{Cut, ProxyCut};
 use distlock_conformance::harness::{
-    EtcdCluster, RedisMasters, RedisServer, ServerProcess, TempDir, ZkEnsemble,
+    ClockOffset, EtcdCluster, ProxyMode, RedisMasters, RedisReplicated, RedisSentinel, RedisServer,
+    ServerProcess, TempDir, ZkEnsemble,
 };
 use rand::Rng;
 
@@ -35,12 +36,17 @@ pub enum Deployment {
     Zk,
     /// ZooKeeper, three nodes.
     Zk3,
+    /// A Redis master and one replica (asynchronous replication, no persistence) watched by a
+    /// Sentinel, which promotes the replica when the master dies; clients find the master
+    /// through the Sentinel.
+    RedisSentinel,
 }
 
 /// Every deployment.
-pub const DEPLOYMENTS: [Deployment; 7] = [
+pub const DEPLOYMENTS: [Deployment; 8] = [
     Deployment::Redis,
     Deployment::RedisAof,
+    Deployment::RedisSentinel,
     Deployment::Redlock,
     Deployment::Etcd,
     Deployment::Etcd3,
@@ -59,6 +65,45 @@ impl Deployment {
             Deployment::Etcd3 => "etcd3",
             Deployment::Zk => "zk",
             Deployment::Zk3 => "zk3",
+            Deployment::RedisSentinel => "redis-sentinel",
+        }
+    }
+
+    /// The faults this deployment runs under: the client faults everywhere (but behind a
+    /// Sentinel, whose clients reach the master directly), server kills where a server runs
+    /// alone or in a quorum, a wall-clock jump where TTLs are counted by a server's clock
+    /// (Redis, Redlock), Redlock's delayed restart, and a Sentinel failover.
+    pub fn nemeses(self) -> &'static [Nemesis] {
+        use Nemesis::*;
+        match self {
+            Deployment::Redis => &[
+                PauseClient,
+                KillClient,
+                CutClient,
+                DelayClient,
+                ResetClient,
+                KillServer,
+                ClockJump,
+            ],
+            Deployment::Redlock => &[
+                PauseClient,
+                KillClient,
+                CutClient,
+                DelayClient,
+                ResetClient,
+                KillServer,
+                KillServerLate,
+                ClockJump,
+            ],
+            Deployment::RedisSentinel => &[Failover],
+            _ => &[
+                PauseClient,
+                KillClient,
+                CutClient,
+                DelayClient,
+                ResetClient,
+                KillServer,
+            ],
         }
     }
 
@@ -86,8 +131,22 @@ impl Deployment {
             Deployment::Zk | Deployment::Zk3 => {
                 format!("zk://{all}?root=/chaos&session_timeout=4s&op_timeout=1s")
             }
+            Deployment::RedisSentinel => {
+                format!("redis+sentinel://{all}/{SERVICE}?prefix=chaos&op_timeout=1s")
+            }
         }
     }
+}
+
+/// The Sentinel's name for the master.
+const SERVICE: &str = "chaos";
+
+/// Every run of the full campaign, in order.
+pub fn plan() -> Vec<(Deployment, Nemesis)> {
+    DEPLOYMENTS
+        .iter()
+        .flat_map(|d| d.nemeses().iter().map(move |n| (*d, *n)))
+        .collect()
 }
 
 /// A fault schedule.
@@ -103,15 +162,17 @@ pub enum Nemesis {
     KillServer,
     /// The same, restarting it only after 1.5 TTLs: Redlock's delayed-restart rule.
     KillServerLate,
+    /// Delay one client's traffic by half a TTL each way (a round trip takes a whole TTL) for
+    /// 1.5 TTLs: every request and answer arrives late, none is lost.
+    DelayClient,
+    /// Close every connection of one client at once (a TCP reset); it reconnects.
+    ResetClient,
+    /// Move one server's wall clock forward by 2 TTLs (an NTP step, an operator's `date -s`).
+    ClockJump,
+    /// SIGKILL the master; restart it once the Sentinel has promoted the replica (it comes back
+    /// empty and is made a replica).
+    Failover,
 }
-
-/// The nemeses every deployment runs under ([`Nemesis::KillServerLate`] is Redlock's alone).
-pub const NEMESES: [Nemesis; 4] = [
-    Nemesis::PauseClient,
-    Nemesis::KillClient,
-    Nemesis::CutClient,
-    Nemesis::KillServer,
-];
 
 impl Nemesis {
     /// Its label in the history and the report.
@@ -122,6 +183,10 @@ impl Nemesis {
             Nemesis::CutClient => "cut-client",
             Nemesis::KillServer => "kill-server",
             Nemesis::KillServerLate => "kill-server-late",
+            Nemesis::DelayClient => "delay-client",
+            Nemesis::ResetClient => "reset-client",
+            Nemesis::ClockJump => "clock-jump",
+            Nemesis::Failover => "failover",
         }
     }
 
@@ -137,6 +202,13 @@ impl Nemesis {
             (Nemesis::KillServer, Deployment::Redis) => (true, true),
             // A Redlock node restarted empty within the TTL gives a second majority.
             (Nemesis::KillServer, Deployment::Redlock) => (true, false),
+            // Redis counts a TTL on its wall clock: a step forward expires locks early (one
+            // server: a second holder; Redlock: a second majority where the first had the jumped
+            // node in its majority). Tokens still come from the counter, in order.
+            (Nemesis::ClockJump, Deployment::Redis | Deployment::Redlock) => (true, false),
+            // Asynchronous replication: the promoted replica may lack the last locks and counter
+            // steps (two holders, a token handed out twice).
+            (Nemesis::Failover, Deployment::RedisSentinel) => (true, true),
             _ => (false, false),
         }
     }
@@ -146,6 +218,8 @@ impl Nemesis {
 struct Servers {
     kind: Deployment,
     ports: Vec<u16>,
+    /// Each server's wall clock, where the run moves them (clock jumps).
+    clocks: Vec<ClockOffset>,
     processes: Box<dyn Fn() -> Vec<Arc<dyn ProcessRef>> + Send + Sync>,
     leader: Box<dyn Fn() -> Option<usize> + Send + Sync>,
     _keep: Box<dyn std::any::Any + Send + Sync>,
@@ -173,13 +247,19 @@ impl ProcessRef for Held<EtcdCluster> {
         &self.0.members[self.1]
     }
 }
+impl ProcessRef for Held<(RedisReplicated, RedisSentinel)> {
+    fn process(&self) -> &ServerProcess {
+        let pair = &self.0.0;
+        [&pair.master, &pair.replica][self.1].process()
+    }
+}
 impl ProcessRef for Held<ZkEnsemble> {
     fn process(&self) -> &ServerProcess {
         &self.0.nodes[self.1]
     }
 }
 
-fn start(kind: Deployment) -> Servers {
+fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
     fn refs<T: Send + Sync + 'static>(s: &Arc<T>, n: usize) -> Vec<Arc<dyn ProcessRef>>
     where
         Held<T>: ProcessRef,
@@ -190,8 +270,62 @@ fn start(kind: Deployment) -> Servers {
     }
     let fail =
         |e: distlock_conformance::harness::HarnessError| -> ! { panic!("{}: {e}", kind.label()) };
-    match kind {
-        Deployment::Redis | Deployment::RedisAof => {
+    let clocks = |n: usize| -> Vec<ClockOffset> {
+        (0..n)
+            .map(|_| ClockOffset::new().unwrap_or_else(|e| fail(e)))
+            .collect()
+    };
+    match (kind, nemesis) {
+        (Deployment::Redis, Nemesis::ClockJump) => {
+            let clocks = clocks(1);
+            let s = Arc::new(RedisServer::start_on_clock(&clocks[0]).unwrap_or_else(|e| fail(e)));
+            let (p, c) = (s.port(), s.clone());
+            Servers {
+                kind,
+                ports: vec![p],
+                clocks,
+                processes: Box::new(move || refs(&c, 1)),
+                leader: Box::new(|| None),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::Redlock, Nemesis::ClockJump) => {
+            let clocks = clocks(3);
+            let s = Arc::new(RedisMasters::start_on_clocks(&clocks).unwrap_or_else(|e| fail(e)));
+            let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks,
+                processes: Box::new(move || refs(&c, 3)),
+                leader: Box::new(|| None),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::RedisSentinel, _) => {
+            let pair = RedisReplicated::start().unwrap_or_else(|e| fail(e));
+            let sentinel =
+                RedisSentinel::start(SERVICE, pair.master.port()).unwrap_or_else(|e| fail(e));
+            let ports = vec![sentinel.port()];
+            let s = Arc::new((pair, sentinel));
+            let (c, l) = (s.clone(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, 2)),
+                // The server the Sentinel names as master now.
+                leader: Box::new(move || {
+                    let (pair, sentinel) = &*l;
+                    let port = sentinel.master_port(SERVICE)?;
+                    [&pair.master, &pair.replica]
+                        .iter()
+                        .position(|s| s.port() == port)
+                }),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::Redis | Deployment::RedisAof, _) => {
             // The crash-safe variant differs from stock in what the run exists to vary.
             let aof: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
             let extra = if kind == Deployment::RedisAof {
@@ -204,41 +338,45 @@ fn start(kind: Deployment) -> Servers {
             Servers {
                 kind,
                 ports: vec![p],
+                clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 1)),
                 leader: Box::new(|| None),
                 _keep: Box::new(s),
             }
         }
-        Deployment::Redlock => {
+        (Deployment::Redlock, _) => {
             let s = Arc::new(RedisMasters::start(3).unwrap_or_else(|e| fail(e)));
             let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
             Servers {
                 kind,
                 ports,
+                clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 3)),
                 leader: Box::new(|| None),
                 _keep: Box::new(s),
             }
         }
-        Deployment::Etcd | Deployment::Etcd3 => {
+        (Deployment::Etcd | Deployment::Etcd3, _) => {
             let n = if kind == Deployment::Etcd { 1 } else { 3 };
             let s = Arc::new(EtcdCluster::start(n).unwrap_or_else(|e| fail(e)));
             let (ports, c, l) = (s.client_ports.clone(), s.clone(), s.clone());
             Servers {
                 kind,
                 ports,
+                clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, n)),
                 leader: Box::new(move || l.leader()),
                 _keep: Box::new(s),
             }
         }
-        Deployment::Zk | Deployment::Zk3 => {
+        (Deployment::Zk | Deployment::Zk3, _) => {
             let n = if kind == Deployment::Zk { 1 } else { 3 };
             let s = Arc::new(ZkEnsemble::start(n).unwrap_or_else(|e| fail(e)));
             let (ports, c, l) = (s.client_ports.clone(), s.clone(), s.clone());
             Servers {
                 kind,
                 ports,
+                clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, n)),
                 leader: Box::new(move || l.leader()),
                 _keep: Box::new(s),
@@ -350,7 +488,8 @@ fn holder(dir: &Path, clients: &[(u32, Client)], wanted: impl Fn(u32) -> bool) -
 }
 
 /// The client a cut targets: it keeps the lock for 3 TTLs after its writes (a long job), so a
-/// cut lands on a lease that must be kept alive, and the time to its lost signal is measured.
+/// cut (or a server clock jump) lands on a lease that must be kept alive, and the time to its
+/// lost signal is measured.
 const LONG_HOLDER: u32 = 0;
 
 fn client_args(
@@ -376,7 +515,7 @@ fn client_args(
         "--ttl-ms".into(),
         kind.ttl().as_millis().to_string(),
     ];
-    if nemesis == Nemesis::CutClient && id == LONG_HOLDER {
+    if matches!(nemesis, Nemesis::CutClient | Nemesis::ClockJump) && id == LONG_HOLDER {
         args.extend(["--hold-ms".into(), (kind.ttl() * 3).as_millis().to_string()]);
     }
     args
@@ -401,7 +540,7 @@ fn start_client(
 /// Runs `nemesis` on a fresh `kind` deployment for `length`.
 pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
     let dir = TempDir::new("chaos").unwrap_or_else(|e| panic!("temp dir: {e}"));
-    let servers = start(kind);
+    let servers = start(kind, nemesis);
     let resource_history = dir.path().join("resource.jsonl");
     let mut resource = Process::spawn(
         &[
@@ -443,8 +582,13 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
         // A pause or a cut hits the holder of the moment (a fault on a client that holds
         // nothing shows nothing): the client whose history ends with a grant.
         let pick = match nemesis {
-            Nemesis::PauseClient => holder(dir.path(), &clients, |_| true),
-            Nemesis::CutClient => holder(dir.path(), &clients, |id| id == LONG_HOLDER),
+            Nemesis::PauseClient | Nemesis::DelayClient | Nemesis::ResetClient => {
+                holder(dir.path(), &clients, |_| true)
+            }
+            // A jump lands while the long holder holds: its lock is the one that expires early.
+            Nemesis::CutClient | Nemesis::ClockJump => {
+                holder(dir.path(), &clients, |id| id == LONG_HOLDER)
+            }
             _ => None,
         }
         .unwrap_or_else(|| rng.random_range(0..clients.len()));
@@ -480,6 +624,51 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
                 clients[pick].1.cut.cut();
                 std::thread::sleep(ttl * 3 / 2);
                 clients[pick].1.cut.reset();
+            }
+            Nemesis::DelayClient => {
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target,
+                });
+                let cut = &clients[pick].1.cut;
+                cut.0
+                    .iter()
+                    .for_each(|p| p.set_mode(ProxyMode::Delay(ttl / 2)));
+                std::thread::sleep(ttl * 3 / 2);
+                cut.restore();
+            }
+            Nemesis::ResetClient => {
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target,
+                });
+                clients[pick].1.cut.reset();
+            }
+            Nemesis::ClockJump => {
+                let i = rng.random_range(0..servers.clocks.len());
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target: format!("server {i}"),
+                });
+                servers.clocks[i].jump(ttl * 2);
+            }
+            Nemesis::Failover => {
+                let procs = (servers.processes)();
+                let old = (servers.leader)().unwrap_or(0);
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target: format!("server {old}"),
+                });
+                procs[old].process().kill();
+                // The Sentinel waits 1 s before it calls the master down, then promotes.
+                let promoted = Instant::now() + Duration::from_secs(20);
+                while (servers.leader)().is_none_or(|l| l == old) && Instant::now() < promoted {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                procs[old]
+                    .process()
+                    .restart()
+                    .unwrap_or_else(|e| panic!("{}: restart: {e}", servers.kind.label()));
             }
             Nemesis::KillServer | Nemesis::KillServerLate => {
                 let procs = (servers.processes)();

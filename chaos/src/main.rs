@@ -19,7 +19,7 @@ mod resource;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use campaign::{DEPLOYMENTS, Deployment, NEMESES, Nemesis};
+use campaign::{Deployment, Nemesis};
 
 fn usage(problem: &str) -> ! {
     eprintln!(
@@ -119,28 +119,23 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
     let plan: Vec<(Deployment, Nemesis)> = if short {
         vec![
             (Deployment::Redis, Nemesis::CutClient),
+            (Deployment::Redis, Nemesis::ClockJump),
+            (Deployment::RedisSentinel, Nemesis::Failover),
             (Deployment::Redlock, Nemesis::PauseClient),
             (Deployment::Etcd, Nemesis::PauseClient),
             (Deployment::Etcd3, Nemesis::KillServer),
-            (Deployment::Zk, Nemesis::CutClient),
+            (Deployment::Zk, Nemesis::DelayClient),
             (Deployment::Zk3, Nemesis::KillServer),
         ]
     } else {
-        DEPLOYMENTS
-            .iter()
-            .flat_map(|d| NEMESES.iter().map(move |n| (*d, *n)))
-            .chain([(Deployment::Redlock, Nemesis::KillServerLate)])
-            .collect()
+        campaign::plan()
     };
     // `--only redis/pause-client,etcd3/kill-server`: those runs of the plan alone.
     let plan: Vec<(Deployment, Nemesis)> = match f.get("only") {
         Some(only) => {
             let wanted: Vec<&str> = only.split(',').collect();
-            let all = DEPLOYMENTS
-                .iter()
-                .flat_map(|d| NEMESES.iter().map(move |n| (*d, *n)))
-                .chain([(Deployment::Redlock, Nemesis::KillServerLate)]);
-            let picked: Vec<_> = all
+            let picked: Vec<_> = campaign::plan()
+                .into_iter()
                 .filter(|(d, n)| wanted.contains(&format!("{}/{}", d.label(), n.label()).as_str()))
                 .collect();
             if picked.len() != wanted.len() {
@@ -162,7 +157,8 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
                     .unwrap_or_else(|_| usage("--minutes takes a number"))
             })
             .unwrap_or(30.0);
-        Duration::from_secs_f64(minutes * 60.0 / plan.len() as f64)
+        // Whole seconds keep the report readable.
+        Duration::from_secs((minutes * 60.0 / plan.len() as f64).round().max(1.0) as u64)
     };
     let command = if short {
         format!(

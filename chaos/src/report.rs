@@ -36,11 +36,15 @@ pub fn markdown(runs: &[RunResult], command: &str, length: Duration) -> String {
          that crashes forgets its locks and its token counter (tokens go back, and the register \
          sees one token from two holders), and a Redlock node restarted \
          empty within the TTL gives a second majority (`kill-server`; `kill-server-late` restarts \
-         it only after 1.5 TTLs, Redlock's delayed-restart rule, and must show nothing). `redis-aof` \
-         is one Redis server with an append-only file synced at every write. Anything else fails \
-         the campaign.\n\n\
-         Not yet run: a Sentinel failover, a wall-clock jump on a Redis or Redlock node, and the \
-         proxy's delay and reset as faults of their own.\n",
+         it only after 1.5 TTLs, Redlock's delayed-restart rule, and must show nothing), a \
+         server's wall clock stepped forward by 2 TTLs (`clock-jump`, through a preloaded clock \
+         shim: Redis counts TTLs on its wall clock, so locks expire early), and a Sentinel \
+         failover (`failover`: the master killed, the replica promoted; replication is \
+         asynchronous, so the last locks and counter steps can be missing there). `redis-aof` \
+         is one Redis server with an append-only file synced at every write; `redis-sentinel` a \
+         master and a replica behind one Sentinel. `delay-client` delays one client's traffic by \
+         half a TTL each way for 1.5 TTLs; `reset-client` closes its connections at once. \
+         Anything else fails the campaign.\n",
         runs.len(),
         length,
     );

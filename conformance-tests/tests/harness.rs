@@ -5,7 +5,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use distlock_conformance::harness::{
-    EtcdCluster, Proxy, ProxyMode, RedisMasters, RedisServer, ZkEnsemble, free_port,
+    ClockOffset, EtcdCluster, Proxy, ProxyMode, RedisMasters, RedisServer, ZkEnsemble, free_port,
 };
 
 fn pid_alive(pid: u32) -> bool {
@@ -53,6 +53,58 @@ fn redis_starts_kills_restarts_pauses_and_stops() {
     let pid = p.pid().expect("pid");
     drop(server);
     assert!(!pid_alive(pid), "redis outlived its handle");
+}
+
+/// The clock shim moves a server's wall clock (its `TIME`, and so key expiry) and nothing else:
+/// a key with 60 s to live is gone after a jump of 2 minutes, and the server keeps serving,
+/// also after a restart on the same clock.
+#[test]
+fn a_server_clock_jumps_forward_and_expires_keys_early() {
+    let clock = ClockOffset::new().expect("the clock shim");
+    let server = RedisServer::start_on_clock(&clock).expect("redis-server on the shim");
+    let time = |s: &RedisServer| -> u64 {
+        let reply = s.command("TIME").expect("TIME");
+        // *2, $10, <seconds>, $6, <microseconds>
+        reply
+            .lines()
+            .nth(2)
+            .and_then(|l| l.trim().parse().ok())
+            .expect("seconds")
+    };
+    let before = time(&server);
+    assert_eq!(
+        server
+            .command("SET k v PX 60000")
+            .as_deref()
+            .and_then(|r| r.lines().next()),
+        Some("+OK")
+    );
+    assert_eq!(
+        clock.jump(Duration::from_secs(120)),
+        Duration::from_secs(120)
+    );
+    let after = time(&server);
+    assert!(
+        (before + 115..before + 130).contains(&after),
+        "TIME moved from {before} to {after}, not by 2 minutes"
+    );
+    assert_eq!(
+        server
+            .command("EXISTS k")
+            .as_deref()
+            .and_then(|r| r.lines().next()),
+        Some(":0"),
+        "a key outlived a clock jump past its TTL"
+    );
+    server.process().kill();
+    server
+        .process()
+        .restart()
+        .expect("restart on the same clock");
+    assert!(
+        time(&server) >= after,
+        "the restarted server lost the offset"
+    );
 }
 
 #[test]

@@ -6,9 +6,11 @@
 //! Single servers and multi-node deployments: [`RedisServer`] / [`RedisMasters`],
 //! [`EtcdCluster`] (1 or 3 members), [`ZkEnsemble`] (standalone or 3 nodes). Fault hooks:
 //! [`ServerProcess::kill`], [`ServerProcess::restart`], [`ServerProcess::pause`] /
-//! [`ServerProcess::resume`], and the TCP [`Proxy`] between a client and a server. A
+//! [`ServerProcess::resume`], the TCP [`Proxy`] between a client and a server, and a server
+//! wall clock moved forward ([`ClockOffset`]). A
 //! [`HolderProcess`] runs a lock holder in another process, to pause (SIGSTOP) or kill.
 
+mod clock;
 mod etcd;
 mod holder;
 mod process;
@@ -23,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use clock::ClockOffset;
 pub use etcd::{EtcdCluster, metric_sum};
 pub use holder::{HolderProcess, holder_binary};
 pub use process::ServerProcess;

@@ -52,6 +52,7 @@ pub struct ServerProcess {
     label: String,
     program: PathBuf,
     args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
     log: PathBuf,
     ready: Box<dyn Fn() -> bool + Send + Sync>,
     child: Mutex<Option<Child>>,
@@ -77,10 +78,23 @@ impl ServerProcess {
         log: PathBuf,
         ready: Box<dyn Fn() -> bool + Send + Sync>,
     ) -> Result<Self, HarnessError> {
+        Self::start_with_env(label, program, args, Vec::new(), log, ready)
+    }
+
+    /// [`ServerProcess::start`] with `env` added to the environment (restarts keep it).
+    pub(crate) fn start_with_env(
+        label: String,
+        program: PathBuf,
+        args: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
+        log: PathBuf,
+        ready: Box<dyn Fn() -> bool + Send + Sync>,
+    ) -> Result<Self, HarnessError> {
         let p = ServerProcess {
             label,
             program,
             args,
+            env,
             log,
             ready,
             child: Mutex::new(None),
@@ -108,6 +122,7 @@ impl ServerProcess {
         let err = out.try_clone().map_err(io)?;
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

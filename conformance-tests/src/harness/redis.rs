@@ -5,8 +5,8 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use super::{
-    HarnessError, Proxy, ServerProcess, TempDir, TlsFiles, ask, free_port, local, require,
-    retry_port_clash,
+    ClockOffset, HarnessError, Proxy, ServerProcess, TempDir, TlsFiles, ask, free_port, local,
+    require, retry_port_clash,
 };
 
 const BINARY: &str = "/usr/bin/redis-server";
@@ -40,10 +40,19 @@ impl RedisServer {
     /// Starts it with extra `redis-server` arguments, and also serving TLS with `tls` on a port
     /// of its own (the plain port stays, for the harness's readiness probe).
     pub fn start_with(extra: &[&str], tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_once(extra, tls))
+        retry_port_clash(|| Self::start_once(extra, tls, &[]))
     }
 
-    fn start_once(extra: &[&str], tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
+    /// Starts it without persistence, on the wall clock of `clock` (which a test moves).
+    pub fn start_on_clock(clock: &ClockOffset) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(NO_PERSISTENCE, None, &clock.env()))
+    }
+
+    fn start_once(
+        extra: &[&str],
+        tls: Option<&TlsFiles>,
+        env: &[(OsString, OsString)],
+    ) -> Result<Self, HarnessError> {
         require(BINARY, "redis-server")?;
         let dir = TempDir::new("redis").map_err(|source| HarnessError::Io {
             server: "redis".into(),
@@ -75,10 +84,11 @@ impl RedisServer {
             args.extend(["--tls-auth-clients".into(), "no".into()]);
         }
         args.extend(extra.iter().map(Into::into));
-        let process = ServerProcess::start(
+        let process = ServerProcess::start_with_env(
             format!("redis-server :{port}"),
             BINARY.into(),
             args,
+            env.to_vec(),
             dir.path().join("redis.log"),
             Box::new(move || ping(port)),
         )?;
@@ -170,6 +180,16 @@ impl RedisMasters {
         Ok(RedisMasters {
             nodes: (0..n)
                 .map(|_| RedisServer::start_without_persistence())
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// Starts one server per clock (without persistence), each on its own wall clock.
+    pub fn start_on_clocks(clocks: &[ClockOffset]) -> Result<Self, HarnessError> {
+        Ok(RedisMasters {
+            nodes: clocks
+                .iter()
+                .map(RedisServer::start_on_clock)
                 .collect::<Result<_, _>>()?,
         })
     }
@@ -339,6 +359,11 @@ impl RedisSentinel {
             process,
             _dir: dir,
         })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// `redis://127.0.0.1:<port>` of the Sentinel.
