@@ -73,38 +73,18 @@ impl Deployment {
     /// Sentinel, whose clients reach the master directly), server kills where a server runs
     /// alone or in a quorum, a wall-clock jump where TTLs are counted by a server's clock
     /// (Redis, Redlock), Redlock's delayed restart, and a Sentinel failover.
-    pub fn nemeses(self) -> &'static [Nemesis] {
+    pub fn nemeses(self) -> Vec<Nemesis> {
         use Nemesis::*;
-        match self {
-            Deployment::Redis => &[
-                PauseClient,
-                KillClient,
-                CutClient,
-                DelayClient,
-                ResetClient,
-                KillServer,
-                ClockJump,
-            ],
-            Deployment::Redlock => &[
-                PauseClient,
-                KillClient,
-                CutClient,
-                DelayClient,
-                ResetClient,
-                KillServer,
-                KillServerLate,
-                ClockJump,
-            ],
-            Deployment::RedisSentinel => &[Failover],
-            _ => &[
-                PauseClient,
-                KillClient,
-                CutClient,
-                DelayClient,
-                ResetClient,
-                KillServer,
-            ],
-        }
+        let server: &[Nemesis] = match self {
+            Deployment::RedisSentinel => return vec![Failover],
+            Deployment::Redis => &[KillServer, ClockJump],
+            Deployment::Redlock => &[KillServer, KillServerLate, ClockJump],
+            _ => &[KillServer],
+        };
+        [PauseClient, KillClient, CutClient, DelayClient, ResetClient]
+            .into_iter()
+            .chain(server.iter().copied())
+            .collect()
     }
 
     /// The lease TTL clients use (the shortest session a stock ZooKeeper gives is 4 s).
@@ -145,7 +125,7 @@ const SERVICE: &str = "chaos";
 pub fn plan() -> Vec<(Deployment, Nemesis)> {
     DEPLOYMENTS
         .iter()
-        .flat_map(|d| d.nemeses().iter().map(move |n| (*d, *n)))
+        .flat_map(|d| d.nemeses().into_iter().map(move |n| (*d, n)))
         .collect()
 }
 
