@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
-    LockError, LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, RepeatPrior, Result,
-    Wakeup,
+    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, RepeatGrant, RepeatPrior,
+    Result, Wakeup,
 };
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
@@ -221,6 +221,10 @@ impl EtcdBackend {
 
     pub(crate) fn kv(&self) -> KvClient {
         self.inner.kv.clone()
+    }
+
+    pub(crate) fn lease_client(&self) -> LeaseClient {
+        self.inner.lease.clone()
     }
 
     pub(crate) fn watch_client(&self) -> WatchClient {
@@ -967,6 +971,10 @@ impl LockBackend for EtcdBackend {
         {
             session.abandon();
         }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        self.inspect_range(name).await
     }
 
     async fn announce(&self, key: &GrantKey, token: FencingToken, value: &str) -> Result<bool> {

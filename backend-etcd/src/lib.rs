@@ -53,6 +53,7 @@ mod backend;
 mod config;
 mod election;
 mod guard;
+mod inspect;
 pub mod keys;
 mod session;
 pub mod url;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
-    LockError, LockName, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
 use futures_util::stream::BoxStream;
 use rand::Rng;
@@ -781,6 +781,10 @@ impl LockBackend for RedisBackend {
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         self.release_keys(&self.keys(&key.name), &key.secret, Sent::Hash)
             .await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        self.inspect_lock(name).await
     }
 
     async fn announce(&self, key: &GrantKey, token: FencingToken, value: &str) -> Result<bool> {

@@ -56,6 +56,7 @@ mod backend;
 mod config;
 mod conn;
 mod election;
+mod inspect;
 pub mod keys;
 mod notify;
 pub mod redlock;

@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Capabilities, Fencing, Grant, GrantKey, Guarantee, LockBackend, LockError, LockName,
-    OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    Capabilities, Fencing, Grant, GrantKey, Guarantee, HolderStatus, LockBackend, LockError,
+    LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
 use futures_util::future::{join_all, select_all};
 use rand::Rng;
@@ -773,6 +773,44 @@ impl LockBackend for RedlockBackend {
             )
             .await
             >= self.quorum())
+    }
+
+    /// Every node read at once: held while a majority holds (until the majority's shortest
+    /// `PTTL` among the longest ones runs out), no token; the waiters queue on the arbiter.
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        let answers = join_all(self.nodes.iter().map(|n| n.inspect_lock(name))).await;
+        let arbiter = self.arbiter(name);
+        let mut left: Vec<Duration> = Vec::new();
+        let mut answered = 0;
+        let mut waiters = 0;
+        let mut failure = None;
+        for (i, a) in answers.into_iter().enumerate() {
+            match a {
+                Ok(status) => {
+                    answered += 1;
+                    if i == arbiter {
+                        waiters = status.waiters;
+                    }
+                    if let Some(h) = status.holder {
+                        left.push(h.expires_in.unwrap_or(Duration::MAX));
+                    }
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        if answered < self.quorum()
+            && let Some(e) = failure
+        {
+            return Err(e);
+        }
+        left.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(LockStatus {
+            holder: left.get(self.quorum() - 1).map(|d| HolderStatus {
+                token: None,
+                expires_in: (*d != Duration::MAX).then_some(*d),
+            }),
+            waiters,
+        })
     }
 }
 

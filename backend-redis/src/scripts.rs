@@ -253,6 +253,28 @@ return 1
     ))
 });
 
+/// KEYS: lock, alive. Reads only: `{token or false, pttl, live waiters}` (the waiters whose
+/// liveness deadline is still ahead, by the server's clock; not the holder, which a Redlock
+/// arbiter keeps at the head of its queue). The secret never leaves the server.
+pub static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        r#"{PURGE}
+local now = now_ms()
+local cur = redis.call('GET', KEYS[1])
+local token = false
+local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+if cur then
+  token = string.match(cur, '^%x+:(%d+)') or false
+  local mine = redis.call('ZSCORE', KEYS[2], string.match(cur, '^(%x+):'))
+  if mine and tonumber(mine) > now then
+    live = live - 1
+  end
+end
+return {{token, redis.call('PTTL', KEYS[1]), live}}
+"#
+    ))
+});
+
 /// KEYS: lock. ARGV: secret, token, value, leader channel. Writes `<secret>:<token>:<value>`
 /// into the lock, keeping its TTL, if it is still ours with that token (announced before or
 /// not), then tells observers on the leader channel. Returns 1, or 0 (not ours: nothing written).

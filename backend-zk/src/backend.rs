@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
-    LockError, LockName, OwnerSecret, Reentrancy, Renewal, RepeatGrant, Result, Wakeup,
+    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, RepeatGrant, Result, Wakeup,
 };
 use futures_util::stream::BoxStream;
 use tokio::time::{Instant, timeout, timeout_at};
@@ -819,6 +819,10 @@ impl LockBackend for ZkBackend {
             epoch.end(distlock_api::LostReason::SessionLost);
             *current = None;
         }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        self.inspect_queue(name).await
     }
 
     async fn announce(&self, key: &GrantKey, _token: FencingToken, value: &str) -> Result<bool> {

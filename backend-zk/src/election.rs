@@ -11,11 +11,9 @@ use futures_util::stream::BoxStream;
 use zookeeper_client::{Error as ZkError, OneshotWatcher};
 
 use crate::ZkBackend;
-use crate::backend::{in_order, is_zk};
+use crate::backend::is_zk;
+use crate::inspect::{HEAD_TRIES, head_of};
 use crate::paths::{lock_dir, owned_by};
-
-/// How many times a read retries when the head it listed was deleted before its data was read.
-const HEAD_TRIES: usize = 3;
 
 /// What observers' hints compare: the head node and its data version.
 type HeadState = Option<(String, i32)>;
@@ -41,28 +39,15 @@ impl ZkBackend {
     }
 
     /// The lowest node of the name's directory and its announced value, read after a `sync`
-    /// (sent right ahead of the listing on the same connection), so a follower's stale view
-    /// is never reported.
+    /// ([`ZkBackend::synced_head`]), so a follower's stale view is never reported.
     pub(crate) async fn head_node(&self, name: &LockName) -> Result<Option<Leader>> {
         let dir = lock_dir(&self.options().root, name);
         let epoch = self.epoch().await?;
         for _ in 0..HEAD_TRIES {
-            let (synced, listed) = tokio::join!(
-                self.call(epoch.client.sync(&dir)),
-                self.call(epoch.client.list_children(&dir))
-            );
-            let children = match synced.and(listed) {
-                Ok(c) => c,
-                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            let Some(head) = head_of(children) else {
+            let Some((head, _)) = self.synced_head(&epoch, &dir).await? else {
                 return Ok(None);
             };
-            match self
-                .call(epoch.client.get_data(&format!("{dir}/{head}")))
-                .await
-            {
+            match self.call(epoch.client.get_data(&head)).await {
                 Ok((data, stat)) => {
                     return Ok(announced_value(&data).map(|value| Leader {
                         term: FencingToken(stat.czxid as u64),
@@ -136,10 +121,4 @@ impl ZkBackend {
             };
         }
     }
-}
-
-/// The lowest of a directory's queue nodes, in wrap-aware order (any node is a valid reference).
-fn head_of(children: Vec<String>) -> Option<String> {
-    let reference = children.first()?.clone();
-    in_order(children, &reference).into_iter().next()
 }

@@ -41,6 +41,7 @@ mod backend;
 mod config;
 mod election;
 mod guard;
+mod inspect;
 pub mod paths;
 mod session;
 pub mod url;

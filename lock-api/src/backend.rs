@@ -46,6 +46,27 @@ pub struct Grant {
     pub session: Option<LostSignal>,
 }
 
+/// What a backend holds for one lock name, read without touching it ([`LockBackend::inspect`]):
+/// for status pages and operators' tools. A snapshot: it may have changed by the time it is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockStatus {
+    /// The live holder, if any.
+    pub holder: Option<HolderStatus>,
+    /// How many waiters are queued behind the holder (live ones, where the backend can tell).
+    pub waiters: usize,
+}
+
+/// The holder of a lock as [`LockBackend::inspect`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderStatus {
+    /// Its fencing token, where the backend has tokens.
+    pub token: Option<FencingToken>,
+    /// How long the server keeps it if nothing renews it, where the server can say (Redis
+    /// `PTTL`, etcd's lease time-to-live, memory; not ZooKeeper, whose session timeouts are
+    /// the holder's own).
+    pub expires_in: Option<Duration>,
+}
+
 /// Result of a renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
@@ -149,6 +170,16 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
     /// cannot prove them any more). Never touches another client's locks.
     async fn abandon(&self, key: &GrantKey) {
         let _ = key;
+    }
+
+    /// The holder and the waiters of `name`, read from the server without changing anything
+    /// (no key, node or queue entry is written). The default refuses.
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        let _ = name;
+        Err(LockError::Unsupported {
+            backend: self.kind(),
+            what: "lock inspection".to_string(),
+        })
     }
 
     /// Acquires as [`LockBackend::acquire`] does, with `value` in the attempt's own queue entry

@@ -61,7 +61,9 @@ mod signal;
 pub mod url;
 mod watchdog;
 
-pub use backend::{Grant, GrantKey, LockBackend, Renewal, renew_as_batch};
+pub use backend::{
+    Grant, GrantKey, HolderStatus, LockBackend, LockStatus, Renewal, renew_as_batch,
+};
 pub use client::LockClient;
 pub use election::{
     ELECTION_LOCK_PREFIX, Election, Leader, Leadership, MAX_VALUE_BYTES, announced_entry,

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use distlock_api::memory::{MemoryBackend, MemoryStore};
 use distlock_api::{
     AcquireOptions, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader,
-    LockBackend, LockClient, LockError, LockName, LostReason, Owner, Renewal,
+    LockBackend, LockClient, LockError, LockName, LockStatus, LostReason, Owner, Renewal,
 };
 use futures_util::stream::BoxStream;
 use tokio::time::{Instant, advance, sleep};
@@ -80,6 +80,9 @@ impl LockBackend for Probe {
     }
     async fn abandon(&self, key: &GrantKey) {
         self.inner.abandon(key).await
+    }
+    async fn inspect(&self, name: &LockName) -> distlock_api::Result<LockStatus> {
+        self.inner.inspect(name).await
     }
     async fn acquire_announced(
         &self,

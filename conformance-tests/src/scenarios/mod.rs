@@ -7,6 +7,7 @@ mod election;
 mod faults;
 mod fencing;
 mod idle;
+mod inspect;
 mod liveness;
 mod lost;
 mod ownership;
@@ -24,7 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     AcquireOptions, Capabilities, FencingToken, Grant, GrantKey, Leader, LockBackend, LockClient,
-    LockName, Renewal,
+    LockName, LockStatus, Renewal,
 };
 use futures_util::stream::BoxStream;
 use tokio::time::Instant;
@@ -35,6 +36,7 @@ pub use election::*;
 pub use faults::*;
 pub use fencing::*;
 pub use idle::*;
+pub use inspect::*;
 pub use liveness::*;
 pub use lost::*;
 pub use ownership::*;
@@ -157,6 +159,9 @@ impl LockBackend for Counting {
     }
     async fn abandon(&self, key: &GrantKey) {
         self.inner.abandon(key).await
+    }
+    async fn inspect(&self, name: &LockName) -> distlock_api::Result<LockStatus> {
+        self.inner.inspect(name).await
     }
     async fn acquire_announced(
         &self,

@@ -24,7 +24,7 @@ use futures_util::stream::BoxStream;
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until};
 
-use crate::backend::{Grant, GrantKey, LockBackend, Renewal};
+use crate::backend::{Grant, GrantKey, HolderStatus, LockBackend, LockStatus, Renewal};
 use crate::election::Leader;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
@@ -307,6 +307,26 @@ impl LockBackend for MemoryBackend {
             .store
             .lock()
             .release(&key.resource, &key.secret, Instant::now()))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        self.check_reachable()?;
+        let now = Instant::now();
+        let mut st = self.store.lock();
+        st.settle(name.encoded(), now);
+        let Some(e) = st.locks.get(name.encoded()) else {
+            return Ok(LockStatus {
+                holder: None,
+                waiters: 0,
+            });
+        };
+        Ok(LockStatus {
+            holder: e.holder.as_ref().map(|h| HolderStatus {
+                token: Some(FencingToken(h.token)),
+                expires_in: Some(h.expires - now),
+            }),
+            waiters: e.waiters.iter().filter(|w| !w.tx.is_closed()).count(),
+        })
     }
 
     async fn announce(&self, key: &GrantKey, token: FencingToken, value: &str) -> Result<bool> {
