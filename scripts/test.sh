@@ -43,6 +43,10 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo package --workspace --no-verify --allow-dirty --quiet \
   --exclude distlock-conformance --exclude distlock-bench --exclude distlock-chaos
 
+echo "== the distlock command installs (the debug build this run makes anyway)"
+CARGO_TARGET_DIR=target cargo install --quiet --path cli --debug --root target/cli-install --force
+target/cli-install/bin/distlock --version
+
 echo "== tests"
 # Two threads: the server suites share the machine's 2 cores with the servers they start.
 log=$(mktemp)

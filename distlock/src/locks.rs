@@ -238,6 +238,18 @@ impl Locks {
         Ok(call.client()?.election(name)?.options(call.opts))
     }
 
+    /// The client of the profile serving `grade` (to inspect locks, or to use the contract
+    /// directly).
+    ///
+    /// # Errors
+    /// `Unsupported` for `Correctness` without a correctness profile.
+    pub fn client(&self, grade: Guarantee) -> Result<LockClient, LockError> {
+        match grade {
+            Guarantee::Efficiency => self.efficiency("").client().cloned(),
+            Guarantee::Correctness => self.correctness("").client().cloned(),
+        }
+    }
+
     /// The backend name serving each profile: (efficiency, correctness).
     pub fn profiles(&self) -> (&str, Option<&str>) {
         (

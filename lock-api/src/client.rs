@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::backend::{Grant, LockBackend};
+use crate::backend::{Grant, LockBackend, LockStatus};
 use crate::error::{LockError, Result};
 use crate::guarantee::{Capabilities, Guarantee};
 use crate::lease::{Lease, LeaseShared, LeaseState};
@@ -49,6 +49,16 @@ impl LockClient {
     /// What the backend declares it can do.
     pub fn capabilities(&self) -> &Capabilities {
         self.backend.capabilities()
+    }
+
+    /// The holder (token, time to live) and the waiters of the lock `name`, read from the server
+    /// without changing anything: for status pages and operators' tools.
+    ///
+    /// # Errors
+    /// `InvalidName` before any I/O; `Unsupported` where the backend cannot tell; backend
+    /// failures.
+    pub async fn inspect(&self, name: &str) -> Result<LockStatus> {
+        self.backend.inspect(&LockName::new(name)?).await
     }
 
     /// Checks that this backend can give `guarantee`, without any I/O.

@@ -1,0 +1,29 @@
+//! Exit statuses: the child's own, or one of these (sysexits where one fits), so scripts can
+//! tell "try later" from "fix the configuration".
+
+/// The command line is wrong (EX_USAGE).
+pub const USAGE: u8 = 64;
+/// The backend could not be reached or failed (EX_UNAVAILABLE).
+pub const UNAVAILABLE: u8 = 69;
+/// The lock is held (`--no-wait`) or the wait ran out (EX_TEMPFAIL): try again later.
+pub const BUSY: u8 = 75;
+/// The lock was lost while the command ran: it was terminated. No sysexits code fits.
+pub const LOST: u8 = 76;
+/// The configuration or the backend URL is invalid (EX_CONFIG).
+pub const CONFIG: u8 = 78;
+
+/// What a shell reports for a process ended by `signal`.
+pub fn signalled(signal: i32) -> u8 {
+    (128 + signal).clamp(0, 255) as u8
+}
+
+/// The exit status for a lock error.
+pub fn for_error(e: &distlock::LockError) -> u8 {
+    use distlock::LockError as E;
+    match e {
+        E::Busy { .. } | E::Timeout { .. } => BUSY,
+        E::InvalidName { .. } | E::InvalidConfig { .. } | E::Unsupported { .. } => CONFIG,
+        E::Lost { .. } | E::NotHeld { .. } => LOST,
+        _ => UNAVAILABLE,
+    }
+}

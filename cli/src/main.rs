@@ -1,0 +1,170 @@
+//! `distlock`: run a program under a distributed lock, inspect locks, check a configuration.
+//!
+//! ```sh
+//! distlock --backend redis://127.0.0.1:6379 run nightly-backup -- ./backup.sh
+//! distlock --config distlock.toml run --correctness --wait 30s payments-migration -- ./migrate
+//! distlock --backend etcd://127.0.0.1:2379/app status nightly-backup --json
+//! distlock --config distlock.toml check
+//! ```
+//!
+//! The backends come from `--backend URL`, or from `--config FILE` and the `DISTLOCK_*`
+//! variables, as the library's `Locks::load` reads them (with neither, an in-process memory
+//! store, which only this one process sees). Exit statuses: see `exit.rs` and the guide.
+
+mod check;
+mod exit;
+mod run;
+mod status;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use distlock::{Config, ConfigError, Guarantee, Locks};
+
+#[derive(Parser)]
+#[command(
+    name = "distlock",
+    version,
+    about = "Run a program under a distributed lock; inspect locks"
+)]
+struct Cli {
+    #[command(flatten)]
+    source: Source,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the backends come from.
+#[derive(Args)]
+struct Source {
+    /// A backend URL (redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://,
+    /// etcd://, zk://, memory://); it serves both grades where it can.
+    #[arg(long, global = true, conflicts_with = "config")]
+    backend: Option<String>,
+    /// A TOML configuration file (the library's format); `DISTLOCK_*` variables override it.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command once the lock is held; terminate it if the lock is lost.
+    Run(RunArgs),
+    /// Show who holds each lock, with its token, time to live and waiters.
+    Status(StatusArgs),
+    /// Load and check the configuration, connect, and show each profile's backend.
+    Check,
+}
+
+/// `distlock run`.
+#[derive(Args)]
+struct RunArgs {
+    /// The lock name.
+    name: String,
+    /// Take a correctness lock (etcd or ZooKeeper: the command gets a fencing token).
+    #[arg(long)]
+    correctness: bool,
+    /// The lease TTL (renewed by the watchdog while the command runs), e.g. 30s.
+    #[arg(long, value_parser = duration)]
+    ttl: Option<Duration>,
+    /// Wait this long at most for the lock (default: for as long as it takes).
+    #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Fail at once (exit 75) if the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+    /// After the lock is lost, how long the command has between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    kill_after: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<OsString>,
+}
+
+/// `distlock status`.
+#[derive(Args)]
+struct StatusArgs {
+    /// The lock names.
+    #[arg(required = true)]
+    names: Vec<String>,
+    /// Read the correctness profile's backend.
+    #[arg(long)]
+    correctness: bool,
+    /// One JSON object per lock, in an array.
+    #[arg(long)]
+    json: bool,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    distlock::parse_duration("duration", text).map_err(|e| e.to_string())
+}
+
+fn grade(correctness: bool) -> Guarantee {
+    if correctness {
+        Guarantee::Correctness
+    } else {
+        Guarantee::Efficiency
+    }
+}
+
+/// The configuration the options name.
+fn config(source: &Source) -> Result<Config, ConfigError> {
+    match (&source.backend, &source.config) {
+        (Some(url), _) => Ok(Config::for_url(url)),
+        (None, file) => Config::load(file.as_deref()),
+    }
+}
+
+/// The exit status for a configuration that cannot be used.
+fn config_failed(e: &ConfigError) -> u8 {
+    match e {
+        ConfigError::Backend { .. } => exit::UNAVAILABLE,
+        _ => exit::CONFIG,
+    }
+}
+
+/// Connects the profiles, or says why not (and with which exit status).
+async fn locks(source: &Source) -> Result<(Config, Locks), ExitCode> {
+    let loaded = match config(source) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("distlock: {e}");
+            return Err(ExitCode::from(config_failed(&e)));
+        }
+    };
+    match Locks::from_config(&loaded).await {
+        Ok(l) => Ok((loaded, l)),
+        Err(e) => {
+            eprintln!("distlock: {e}");
+            Err(ExitCode::from(config_failed(&e)))
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let usage = e.use_stderr();
+            let _ = e.print();
+            return if usage {
+                ExitCode::from(exit::USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let (loaded, locks) = match locks(&cli.source).await {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    match cli.command {
+        Command::Run(args) => run::run(&locks, args).await,
+        Command::Status(args) => status::status(&locks, args).await,
+        Command::Check => check::check(&loaded, &locks),
+    }
+}

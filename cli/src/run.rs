@@ -1,0 +1,176 @@
+//! `distlock run`: the command starts only once the lock is held, in a process group of its
+//! own; it is terminated (SIGTERM, then SIGKILL after `--kill-after`) when the lock is lost;
+//! signals sent to `distlock` go to it; a signal while still waiting ends the wait with nothing
+//! left queued. The lock is released when the command ends.
+
+use std::io::IsTerminal;
+use std::process::{ExitCode, ExitStatus};
+use std::time::Duration;
+
+use distlock::{Lease, Locks};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use crate::{RunArgs, exit, grade};
+
+/// A wait with no `--wait`: as long as it takes.
+const FOREVER: Duration = Duration::from_secs(10 * 365 * 86_400);
+/// A waiting notice goes to a terminal once the wait passes this.
+const NOTICE_AFTER: Duration = Duration::from_secs(1);
+/// How long the release at the end may take before `distlock` exits anyway (the lock then
+/// frees at its TTL).
+const RELEASE_LIMIT: Duration = Duration::from_secs(5);
+/// A wait ended by a signal is cleaned up by tasks the backend starts as the wait is dropped
+/// (leave the queue, delete the queue entry): they get this long to reach the server before the
+/// process exits, which would otherwise leave the entry to its TTL or session timeout.
+const CLEANUP_GRACE: Duration = Duration::from_millis(500);
+
+/// The signals passed on to the command (and that end a wait), installed before anything
+/// waits, so none is missed.
+struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+    usr1: Signal,
+    usr2: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
+        })
+    }
+
+    /// The next signal received, as its number.
+    async fn next(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+            _ = self.usr1.recv() => libc::SIGUSR1,
+            _ = self.usr2.recv() => libc::SIGUSR2,
+        }
+    }
+}
+
+pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("distlock: cannot handle signals: {e}");
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    };
+    let mut call = match grade(args.correctness) {
+        distlock::Guarantee::Efficiency => locks.efficiency(&args.name),
+        distlock::Guarantee::Correctness => locks.correctness(&args.name),
+    };
+    if let Some(ttl) = args.ttl {
+        call = call.ttl(ttl);
+    }
+    let acquire = async {
+        if args.no_wait {
+            call.try_now().await
+        } else {
+            call.wait(args.wait.unwrap_or(FOREVER)).await
+        }
+    };
+    let notice = async {
+        tokio::time::sleep(NOTICE_AFTER).await;
+        if std::io::stderr().is_terminal() {
+            eprintln!("distlock: waiting for lock {:?}...", args.name);
+        }
+        std::future::pending::<()>().await
+    };
+    // A signal drops the acquire, whose clean-up then leaves nothing queued.
+    let lease = tokio::select! {
+        got = acquire => got,
+        sig = signals.next() => {
+            tokio::time::sleep(CLEANUP_GRACE).await;
+            return ExitCode::from(exit::signalled(sig));
+        }
+        _ = notice => unreachable!("the notice never ends"),
+    };
+    let lease = match lease {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("distlock: {}: {e}", args.name);
+            return ExitCode::from(exit::for_error(&e));
+        }
+    };
+    let mut child = match spawn(&args, &lease) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("distlock: cannot start {:?}: {e}", args.command[0]);
+            release(lease).await;
+            // As a shell says for a command it cannot run.
+            return ExitCode::from(127);
+        }
+    };
+    let group = child.id().map(|pid| pid as libc::pid_t);
+    let kill = |sig: libc::c_int| {
+        if let Some(g) = group {
+            // SAFETY: killpg(2) on the process group of our own child.
+            unsafe {
+                libc::killpg(g, sig);
+            }
+        }
+    };
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                release(lease).await;
+                return ExitCode::from(status.map_or(exit::UNAVAILABLE, code));
+            }
+            reason = lease.lost() => {
+                eprintln!(
+                    "distlock: lock {:?} lost ({reason}): terminating the command",
+                    args.name
+                );
+                kill(libc::SIGTERM);
+                if tokio::time::timeout(args.kill_after, child.wait()).await.is_err() {
+                    kill(libc::SIGKILL);
+                    let _ = child.wait().await;
+                }
+                release(lease).await;
+                return ExitCode::from(exit::LOST);
+            }
+            sig = signals.next() => kill(sig),
+        }
+    }
+}
+
+/// Starts the command in a process group of its own, with the lock in its environment.
+fn spawn(args: &RunArgs, lease: &Lease) -> std::io::Result<Child> {
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
+        .process_group(0)
+        .env("DISTLOCK_LOCK_HELD", "1")
+        .env("DISTLOCK_NAME", &args.name)
+        .env("DISTLOCK_BACKEND", lease.backend())
+        .env_remove("DISTLOCK_TOKEN");
+    if let Some(token) = lease.fencing_token() {
+        cmd.env("DISTLOCK_TOKEN", token.get().to_string());
+    }
+    cmd.spawn()
+}
+
+/// The command's exit status as a shell reports it.
+fn code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c.clamp(0, 255) as u8,
+        (None, Some(sig)) => exit::signalled(sig),
+        (None, None) => exit::UNAVAILABLE,
+    }
+}
+
+/// Releases, waiting a bounded time (a failed release frees the lock at its TTL).
+async fn release(lease: Lease) {
+    let _ = tokio::time::timeout(RELEASE_LIMIT, lease.release()).await;
+}

@@ -1,0 +1,319 @@
+//! `distlock` as operators run it: real processes against real servers (Redis, etcd, ZooKeeper,
+//! each started once for this file with stock settings; short sessions through the URLs).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use distlock::{LockClient, connect};
+use distlock_conformance::deployment::{Cut, ProxyCut};
+use distlock_conformance::harness::{EtcdCluster, RedisServer, TempDir, ZkEnsemble};
+use tokio::process::Command;
+use tokio::time::{Instant, sleep};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+struct Servers {
+    redis: RedisServer,
+    etcd: EtcdCluster,
+    zk: ZkEnsemble,
+}
+
+async fn servers() -> Arc<Servers> {
+    static CELL: OnceLock<Arc<Servers>> = OnceLock::new();
+    tokio::task::spawn_blocking(|| {
+        CELL.get_or_init(|| {
+            Arc::new(Servers {
+                redis: RedisServer::start().expect("redis"),
+                etcd: EtcdCluster::start(1).expect("etcd"),
+                zk: ZkEnsemble::start(1).expect("zookeeper"),
+            })
+        })
+        .clone()
+    })
+    .await
+    .expect("servers")
+}
+
+/// Each backend's URL over `hosts` (`host:port` each), with a short session where the lease is
+/// the session's.
+fn urls(s: &Servers, hosts: impl Fn(Vec<u16>) -> Vec<String>) -> Vec<String> {
+    vec![
+        format!(
+            "redis://{}?prefix=cli",
+            hosts(vec![s.redis.port()]).join(",")
+        ),
+        format!(
+            "etcd://{}/cli?session_ttl=2s",
+            hosts(s.etcd.client_ports.clone()).join(",")
+        ),
+        format!(
+            "zk://{}?root=/cli&session_timeout=4s",
+            hosts(s.zk.client_ports.clone()).join(",")
+        ),
+    ]
+}
+
+fn direct(ports: Vec<u16>) -> Vec<String> {
+    ports
+        .into_iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect()
+}
+
+fn unique(test: &str) -> String {
+    format!("cli-{test}-{:x}", rand_u64())
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
+}
+
+fn distlock(url: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--backend").arg(url).kill_on_drop(true);
+    c
+}
+
+async fn waiters(client: &LockClient, name: &str) -> usize {
+    client.inspect(name).await.expect("inspect").waiters
+}
+
+/// Polls `check` every 20 ms for up to `within`.
+async fn eventually<F: AsyncFnMut() -> bool>(within: Duration, mut check: F) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if check().await {
+            return true;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// Three `distlock run` on one name: their commands never overlap (each logs start and end
+/// around a sleep, and the log alternates), and each exits with its command's status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_on_one_name_never_overlap() {
+    let s = servers().await;
+    for url in urls(&s, direct) {
+        let dir = TempDir::new("cli").expect("dir");
+        let log = dir.path().join("log");
+        let name = unique("overlap");
+        let script = format!(
+            "echo start >> {0}; sleep 0.2; echo end >> {0}; exit 7",
+            log.display()
+        );
+        let runs: Vec<_> = (0..3)
+            .map(|_| {
+                distlock(&url)
+                    .args(["run", &name, "--ttl", "2s", "--", "sh", "-c", &script])
+                    .spawn()
+                    .expect("spawn")
+            })
+            .collect();
+        for mut r in runs {
+            assert_eq!(r.wait().await.expect("wait").code(), Some(7), "{url}");
+        }
+        let text = std::fs::read_to_string(&log).expect("log");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 6, "{url}: {text}");
+        for pair in lines.chunks(2) {
+            assert_eq!(pair, ["start", "end"], "{url}: overlapping runs: {text}");
+        }
+    }
+}
+
+/// The command sees the lock in its environment, with the holder's token as `status` reads it
+/// from the server; a second run with `--no-wait` exits 75 at once; bad input has its own codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_gets_the_token_and_conflicts_have_their_codes() {
+    let s = servers().await;
+    for url in urls(&s, direct) {
+        let name = unique("token");
+        let dir = TempDir::new("cli").expect("dir");
+        let out = dir.path().join("env");
+        let script = format!(
+            "echo $DISTLOCK_LOCK_HELD $DISTLOCK_NAME $DISTLOCK_TOKEN > {}; sleep 1",
+            out.display()
+        );
+        let mut holder = distlock(&url)
+            .args(["run", &name, "--", "sh", "-c", &script])
+            .spawn()
+            .expect("spawn");
+        assert!(
+            eventually(Duration::from_secs(10), async || {
+                std::fs::read_to_string(&out).is_ok_and(|t| t.ends_with('\n'))
+            })
+            .await,
+            "{url}: the command never ran"
+        );
+        let env = std::fs::read_to_string(&out).expect("env");
+        let fields: Vec<&str> = env.split_whitespace().collect();
+        let status = distlock(&url)
+            .args(["status", &name, "--json"])
+            .output()
+            .await
+            .expect("status");
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("json");
+        assert_eq!(json[0]["held"], true, "{url}: {json}");
+        assert_eq!(
+            fields,
+            ["1", name.as_str(), &json[0]["token"].to_string()],
+            "{url}: the command's environment against the server's holder"
+        );
+        let busy = distlock(&url)
+            .args(["run", &name, "--no-wait", "--", "true"])
+            .status()
+            .await
+            .expect("busy run");
+        assert_eq!(busy.code(), Some(75), "{url}");
+        let timed_out = distlock(&url)
+            .args(["run", &name, "--wait", "200ms", "--", "true"])
+            .status()
+            .await
+            .expect("timed-out run");
+        assert_eq!(timed_out.code(), Some(75), "{url}");
+        assert_eq!(holder.wait().await.expect("holder").code(), Some(0));
+    }
+    let bad = Command::new(BIN)
+        .args(["--backend", "nosuch://x", "run", "n", "--", "true"])
+        .status()
+        .await
+        .expect("bad url");
+    assert_eq!(bad.code(), Some(78));
+    let usage = Command::new(BIN)
+        .args(["run"])
+        .status()
+        .await
+        .expect("usage");
+    assert_eq!(usage.code(), Some(64));
+    let missing = Command::new(BIN)
+        .args([
+            "--backend",
+            "memory://cli",
+            "run",
+            "n",
+            "--",
+            "/nonexistent/command",
+        ])
+        .status()
+        .await
+        .expect("missing command");
+    assert_eq!(missing.code(), Some(127));
+}
+
+/// A signal while `distlock run` still waits ends the wait (exit 128 + signal) and leaves no
+/// waiter queued on the server (gone before any TTL could have expired it); the command never
+/// starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_waiting_leaves_nothing_queued() {
+    let s = servers().await;
+    for url in urls(&s, direct) {
+        let name = unique("sigterm");
+        let client = LockClient::new(connect(&url).await.expect("connect"));
+        let opts = distlock::AcquireOptions::with_ttl(Duration::from_secs(10));
+        let held = client.try_acquire(&name, &opts).await.expect("hold");
+        let dir = TempDir::new("cli").expect("dir");
+        let ran = dir.path().join("ran");
+        let mut waiting = distlock(&url)
+            .args(["run", &name, "--", "touch"])
+            .arg(&ran)
+            .spawn()
+            .expect("spawn");
+        assert!(
+            eventually(Duration::from_secs(10), async || {
+                waiters(&client, &name).await == 1
+            })
+            .await,
+            "{url}: the run never queued"
+        );
+        let pid = waiting.id().expect("pid") as libc::pid_t;
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let status = waiting.wait().await.expect("wait");
+        assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{url}");
+        // Well inside every session and waiter TTL here: the waiter left, it did not expire.
+        assert!(
+            eventually(Duration::from_millis(500), async || {
+                waiters(&client, &name).await == 0
+            })
+            .await,
+            "{url}: the interrupted run left a waiter"
+        );
+        assert!(held.release().await.expect("release"));
+        assert!(!Path::new(&ran).exists(), "{url}: the command ran");
+    }
+}
+
+/// The run's connections are cut while its command runs: the lease is lost, the command's
+/// whole process group gets SIGTERM, and `distlock` exits 76 within the TTL and a little.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_terminates_the_command() {
+    let s = servers().await;
+    let ports = [
+        vec![s.redis.port()],
+        s.etcd.client_ports.clone(),
+        s.zk.client_ports.clone(),
+    ];
+    for (i, ports) in ports.into_iter().enumerate() {
+        let cut = ProxyCut::to_ports(ports);
+        let url = urls(&s, |_| cut.addrs()).remove(i);
+        let name = unique("lost");
+        let dir = TempDir::new("cli").expect("dir");
+        let pid_file = dir.path().join("pid");
+        // A grandchild in the same group: the whole group must go.
+        let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
+        let mut run = distlock(&url)
+            .args([
+                "run",
+                &name,
+                "--ttl",
+                "2s",
+                "--kill-after",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        assert!(
+            eventually(Duration::from_secs(10), async || {
+                std::fs::read_to_string(&pid_file).is_ok_and(|t| t.ends_with('\n'))
+            })
+            .await,
+            "{url}: the command never ran"
+        );
+        let sleeper: libc::pid_t = std::fs::read_to_string(&pid_file)
+            .expect("pid")
+            .trim()
+            .parse()
+            .expect("pid number");
+        let cut_at = Instant::now();
+        cut.cut();
+        let status = tokio::time::timeout(Duration::from_secs(20), run.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{url}: distlock still running 20 s after the cut"))
+            .expect("wait");
+        assert_eq!(status.code(), Some(76), "{url}");
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(12),
+            "{url}: {:?}",
+            cut_at.elapsed()
+        );
+        // SAFETY: kill(2) with signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(sleeper, 0) } == 0;
+        assert!(
+            !alive,
+            "{url}: the command's process group outlived the lock"
+        );
+        cut.restore();
+    }
+}
