@@ -224,6 +224,25 @@ impl LockClient {
         deadline: Option<Instant>,
         value: Option<&str>,
     ) -> Result<(Lease, bool)> {
+        let started = Instant::now();
+        let result = self.acquire_checked(name, opts, deadline, value).await;
+        crate::metrics::acquire(
+            self.backend.kind(),
+            opts.guarantee,
+            deadline.is_some(),
+            &result,
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn acquire_checked(
+        &self,
+        name: &str,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+        value: Option<&str>,
+    ) -> Result<(Lease, bool)> {
         let name = LockName::new(name)?;
         opts.validate()?;
         // The TTL the lease will actually get (a session's, on etcd and ZooKeeper): the renewal
@@ -290,6 +309,8 @@ impl LockClient {
             watchdog: self.watchdog.clone(),
             member,
             loss_handled: Default::default(),
+            granted: grant.sent_at,
+            ended: Default::default(),
             state: Mutex::new(LeaseState {
                 ttl: grant.ttl,
                 deadline: grant.sent_at,
@@ -298,6 +319,7 @@ impl LockClient {
             }),
         });
         shared.extend(grant.sent_at, grant.ttl);
+        crate::metrics::lease_started(self.backend.kind());
         self.watchdog
             .join(member, &shared, grant.sent_at, grant.session);
         if let Some(owner) = &opts.owner {

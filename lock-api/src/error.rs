@@ -20,6 +20,20 @@ pub enum LostReason {
     Disconnected,
 }
 
+impl LostReason {
+    /// A short, stable label (metrics, logs): `renewal_refused`, `renewal_failed`, `expired`,
+    /// `session_lost`, `disconnected`.
+    pub fn label(self) -> &'static str {
+        match self {
+            LostReason::RenewalRefused => "renewal_refused",
+            LostReason::RenewalFailed => "renewal_failed",
+            LostReason::Expired => "expired",
+            LostReason::SessionLost => "session_lost",
+            LostReason::Disconnected => "disconnected",
+        }
+    }
+}
+
 impl std::fmt::Display for LostReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -45,6 +45,10 @@ pub(crate) struct LeaseShared {
     pub(crate) state: Mutex<LeaseState>,
     /// The loss was logged and its background release started (once, whoever saw it first).
     pub(crate) loss_handled: AtomicBool,
+    /// When the grant came, for the held-time metric.
+    pub(crate) granted: Instant,
+    /// The lease's metrics were closed (released or lost; once).
+    pub(crate) ended: AtomicBool,
 }
 
 pub(crate) struct LeaseState {
@@ -88,6 +92,17 @@ impl LeaseShared {
         deadline
     }
 
+    /// Closes the lease's metrics, once: at its release or its loss, whichever comes first.
+    pub(crate) fn end(&self) {
+        if !self.ended.swap(true, Ordering::AcqRel) {
+            crate::metrics::lease_ended(
+                self.backend.kind(),
+                self.guarantee,
+                self.granted.elapsed(),
+            );
+        }
+    }
+
     pub(crate) fn renew_period(&self, ttl: Duration) -> Option<Duration> {
         self.mode.period(ttl)
     }
@@ -104,6 +119,8 @@ impl LeaseShared {
             return;
         }
         let reason = self.lost.fired().unwrap_or(reason);
+        crate::metrics::lost(self.backend.kind(), reason);
+        self.end();
         tracing::warn!(
             lock = %self.key.name,
             backend = self.backend.kind(),
@@ -134,6 +151,7 @@ impl LeaseShared {
         }
         st.released = true;
         drop(st);
+        self.end();
         self.lost.set_deadline(None);
         self.watchdog.leave(self.member);
         if let Some((owner, key)) = &self.owner {
@@ -373,7 +391,14 @@ impl Lease {
             });
         }
         let sent = Instant::now();
-        match self.shared.backend.renew(&self.shared.key, ttl).await? {
+        let renewed = self.shared.backend.renew(&self.shared.key, ttl).await;
+        let outcome = match &renewed {
+            Ok(Renewal::Renewed { .. }) => "renewed",
+            Ok(Renewal::NotHeld) => "refused",
+            Err(_) => "failed",
+        };
+        crate::metrics::renewal(self.shared.backend.kind(), outcome);
+        match renewed? {
             Renewal::Renewed { ttl } => {
                 // The validity can only be granted while the lease was not lost meanwhile.
                 if let Some(reason) = self.lost_reason() {

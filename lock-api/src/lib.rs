@@ -52,6 +52,7 @@ mod fencing;
 mod guarantee;
 mod lease;
 pub mod memory;
+pub mod metrics;
 mod name;
 mod options;
 mod owner;

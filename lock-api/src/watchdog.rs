@@ -322,7 +322,14 @@ async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
         let mut results = results.into_iter();
         for (id, lease, ttl, deadline) in live {
             let period = lease.renew_period(ttl).unwrap_or(ttl / 3);
-            match results.next() {
+            let result = results.next();
+            let outcome = match &result {
+                Some(Ok(Renewal::Renewed { .. })) => "renewed",
+                Some(Ok(Renewal::NotHeld)) => "refused",
+                _ => "failed",
+            };
+            crate::metrics::renewal(lease.backend.kind(), outcome);
+            match result {
                 Some(Ok(Renewal::Renewed { ttl })) => {
                     let deadline = lease.extend(sent, ttl);
                     let period = lease.renew_period(ttl).unwrap_or(ttl / 3);
