@@ -317,3 +317,45 @@ async fn a_lost_lock_terminates_the_command() {
         cut.restore();
     }
 }
+
+/// A signal sent to `distlock` while its command runs reaches the command (its process group),
+/// and `distlock` exits with the command's status; the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_reach_the_running_command() {
+    let s = servers().await;
+    let url = urls(&s, direct).remove(0);
+    let name = unique("forward");
+    let dir = TempDir::new("cli").expect("dir");
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap 'exit 42' USR1; touch {}; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    let mut run = distlock(&url)
+        .args(["run", &name, "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    assert!(
+        eventually(Duration::from_secs(10), async || ready.exists()).await,
+        "the command never ran"
+    );
+    let pid = run.id().expect("pid") as libc::pid_t;
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGUSR1);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(10), run.wait())
+        .await
+        .expect("distlock ends with its command")
+        .expect("wait");
+    assert_eq!(status.code(), Some(42));
+    let client = LockClient::new(connect(&url).await.expect("connect"));
+    assert!(
+        client
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .holder
+            .is_none()
+    );
+}
