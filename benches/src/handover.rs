@@ -11,6 +11,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::stats::{Stats, stats};
+use crate::uncontended::{Pair, Peer, etcd_lock_pair, zk_lock_pair};
 
 /// One waiting client.
 pub enum Waiter {
@@ -18,11 +19,25 @@ pub enum Waiter {
     Ours(LockClient),
     /// rslock: retries after a random pause (its default, 0-200 ms), as its users run it.
     Rslock(rslock::LockManager),
+    /// etcd's lock service: the server holds the call until the lock is ours.
+    EtcdLock(Box<etcd_client::Client>, i64),
+    /// `zookeeper_client`'s lock recipe: a predecessor watch.
+    ZkLock(zookeeper_client::Client),
 }
 
 impl Waiter {
     pub fn ours(backend: Arc<dyn LockBackend>) -> Self {
         Waiter::Ours(LockClient::new(backend))
+    }
+
+    /// A client of the peer library `peer`.
+    pub async fn peer(peer: &Peer) -> Self {
+        match Pair::peer(peer).await {
+            Pair::Rslock(m) => Waiter::Rslock(m),
+            Pair::EtcdLock(c, lease) => Waiter::EtcdLock(c, lease),
+            Pair::ZkLock(c) => Waiter::ZkLock(c),
+            _ => unreachable!("a peer pair is a peer library"),
+        }
     }
 
     /// Holds the lock on `name` while `critical` runs; returns when the release returned.
@@ -51,6 +66,14 @@ impl Waiter {
                 };
                 critical.await;
                 m.unlock(&lock).await;
+                Instant::now()
+            }
+            Waiter::EtcdLock(c, lease) => {
+                etcd_lock_pair(c, *lease, name, critical).await;
+                Instant::now()
+            }
+            Waiter::ZkLock(c) => {
+                zk_lock_pair(c, critical).await;
                 Instant::now()
             }
         }

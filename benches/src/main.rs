@@ -30,7 +30,7 @@ use crate::report::{Election, Handover, Report, Scale, Uncontended};
 use crate::rtt::Ping;
 use crate::scale::Counter;
 use crate::stats::median;
-use crate::uncontended::{Pair, interleaved};
+use crate::uncontended::{Pair, Peer, interleaved};
 
 /// How much of everything to run.
 #[derive(Clone, Copy)]
@@ -83,7 +83,8 @@ struct Target {
     raw: Option<Pair>,
     /// Our own server requests sent by hand on a raw connection.
     same: Option<Pair>,
-    peer: Option<(&'static str, Vec<String>)>,
+    /// The peer library a user of this backend would reach for, and its label.
+    peer: Option<(&'static str, Peer)>,
     ping: Option<Ping>,
     counter: Counter,
 }
@@ -164,7 +165,7 @@ async fn main() {
             slow: 1,
             raw: Some(Pair::raw_redis(&[redis.url()]).await),
             same: Some(Pair::same_redis(&[redis.url()]).await),
-            peer: Some(("rslock (1 server)", vec![redis.url()])),
+            peer: Some(("rslock (1 server)", Peer::Rslock(vec![redis.url()]))),
             ping: Some(Ping::redis(&[redis.url()]).await),
             counter: Counter::Redis(admin),
         },
@@ -175,7 +176,7 @@ async fn main() {
             slow: 1,
             raw: Some(Pair::raw_redis(&master_urls).await),
             same: Some(Pair::same_redis(&master_urls).await),
-            peer: Some(("rslock x3", master_urls.clone())),
+            peer: Some(("rslock x3", Peer::Rslock(master_urls.clone()))),
             ping: Some(Ping::redis(&master_urls).await),
             counter: Counter::None,
         },
@@ -188,7 +189,7 @@ async fn main() {
             slow: 2,
             raw: Some(Pair::raw_etcd(&etcd.endpoints()).await),
             same: Some(Pair::same_etcd(&etcd.endpoints()).await),
-            peer: None,
+            peer: Some(("etcd-client lock", Peer::EtcdLock(etcd.endpoints()))),
             ping: Some(Ping::Etcd(Box::new(
                 etcd_client::Client::connect(etcd.endpoints(), None)
                     .await
@@ -202,7 +203,7 @@ async fn main() {
             slow: 2,
             raw: Some(Pair::raw_zk(&zk.connect_string()).await),
             same: Some(Pair::same_zk(&zk.connect_string()).await),
-            peer: None,
+            peer: Some(("zookeeper-client lock", Peer::ZkLock(zk.connect_string()))),
             ping: Some(Ping::Zk(
                 zookeeper_client::Client::connect(&zk.connect_string())
                     .await
@@ -236,12 +237,15 @@ async fn main() {
         eprintln!("== {}", t.label);
         let pairs = size.pairs / t.slow;
         let ours = Pair::ours(connect(&t.url).await);
-        let peer = t.peer.as_ref().map(|(_, urls)| Pair::rslock(urls));
+        let peer = match &t.peer {
+            Some((_, p)) => Some(Pair::peer(p).await),
+            None => None,
+        };
         // Ours first; then whichever of raw, same-work and peer this backend has.
         let mut contenders = vec![(&ours, "bench/ours")];
         let raw_at = enter(&mut contenders, t.raw.as_ref(), "bench-raw");
         let same_at = enter(&mut contenders, t.same.as_ref(), "bench/same");
-        let peer_at = enter(&mut contenders, peer.as_ref(), "bench/rslock");
+        let peer_at = enter(&mut contenders, peer.as_ref(), "bench/peer");
         let mut rounds: Vec<Vec<_>> = contenders.iter().map(|_| Vec::new()).collect();
         for _ in 0..size.rounds {
             for (i, s) in interleaved(&contenders, pairs)
@@ -284,11 +288,12 @@ async fn main() {
                 stats: median(&runs),
                 rtt_p50_us: rtt,
             });
-            if let Some((label, urls)) = &t.peer {
-                let waiters = (0..clients)
-                    .map(|_| Waiter::Rslock(rslock::LockManager::new(urls.clone())))
-                    .collect();
-                let name = format!("bench/rslock-handover/{clients}");
+            if let Some((label, peer)) = &t.peer {
+                let mut waiters = Vec::new();
+                for _ in 0..clients {
+                    waiters.push(Waiter::peer(peer).await);
+                }
+                let name = format!("bench/peer-handover/{clients}");
                 let s = handover(waiters, &name, size.grants, size.budget).await;
                 report.handover.push(Handover {
                     backend: label.to_string(),

@@ -24,6 +24,11 @@ pub enum Pair {
     RawZk(zookeeper_client::Client),
     /// The rslock crate over these Redis masters (1 = plain Redis).
     Rslock(rslock::LockManager),
+    /// etcd's own lock service (`etcd_client::Client::lock`, v3lock) on a lease of its own.
+    EtcdLock(Box<etcd_client::Client>, i64),
+    /// `zookeeper_client::Client::lock` (Curator's recipe), released by a delete whose answer
+    /// is awaited (as ours is).
+    ZkLock(zookeeper_client::Client),
     /// Our backend's own server work, sent by hand on a raw connection (no library around it):
     /// what the guarantees cost on the server, apart from the library's overhead.
     Same(SameWork),
@@ -82,8 +87,16 @@ impl Pair {
         Pair::Same(SameWork::Zk(zk_with_parent(connect).await))
     }
 
-    pub fn rslock(urls: &[String]) -> Self {
-        Pair::Rslock(rslock::LockManager::new(urls.to_vec()))
+    /// The peer library of a backend (see [`Peer`]).
+    pub async fn peer(peer: &Peer) -> Self {
+        match peer {
+            Peer::Rslock(urls) => Pair::Rslock(rslock::LockManager::new(urls.clone())),
+            Peer::EtcdLock(endpoints) => {
+                let (client, lease) = etcd_with_lease(endpoints).await;
+                Pair::EtcdLock(client, lease)
+            }
+            Peer::ZkLock(connect) => Pair::ZkLock(zk_with_parent(connect).await),
+        }
     }
 
     /// One acquire + release on `name`.
@@ -120,8 +133,57 @@ impl Pair {
                     .expect("rslock lock");
                 manager.unlock(&lock).await;
             }
+            Pair::EtcdLock(client, lease) => etcd_lock_pair(client, *lease, name, async {}).await,
+            Pair::ZkLock(client) => zk_lock_pair(client, async {}).await,
         }
     }
+}
+
+/// A peer library: the natural alternative a user of that backend would reach for.
+pub enum Peer {
+    /// rslock (Redlock) over these Redis URLs; one URL = plain Redis.
+    Rslock(Vec<String>),
+    /// etcd's lock service through `etcd_client`, over these endpoints.
+    EtcdLock(Vec<String>),
+    /// `zookeeper_client`'s lock recipe on this connect string.
+    ZkLock(String),
+}
+
+/// etcd's lock service: lock `name` on `lease`, run `critical`, unlock.
+pub(crate) async fn etcd_lock_pair(
+    client: &etcd_client::Client,
+    lease: i64,
+    name: &str,
+    critical: impl Future<Output = ()>,
+) {
+    let mut c = client.clone();
+    let held = c
+        .lock(
+            name,
+            Some(etcd_client::LockOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("etcd lock");
+    critical.await;
+    c.unlock(held.key()).await.expect("etcd unlock");
+}
+
+/// `zookeeper_client`'s lock: take it, run `critical`, delete the node and wait for the answer.
+pub(crate) async fn zk_lock_pair(
+    client: &zookeeper_client::Client,
+    critical: impl Future<Output = ()>,
+) {
+    let prefix =
+        zookeeper_client::LockPrefix::new_curator("/bench-peer", "lock-").expect("lock prefix");
+    let lock = client
+        .lock(prefix, b"", zookeeper_client::Acls::anyone_all())
+        .await
+        .expect("zookeeper lock");
+    critical.await;
+    let path = lock.lock_path().to_string();
+    // Its Drop deletes in the background, unanswered; ours is timed to the delete's answer.
+    std::mem::forget(lock);
+    client.delete(&path, None).await.expect("delete");
 }
 
 /// `pairs` pairs of each contender, alternating in blocks of 50; one Stats per contender.
@@ -281,14 +343,17 @@ async fn etcd_with_lease(endpoints: &[String]) -> (Box<etcd_client::Client>, i64
     (Box::new(client), lease)
 }
 
-/// A client, with the persistent parent `/bench-raw` in place.
+/// A client, with the persistent parents `/bench-raw` (raw nodes) and `/bench-peer` (the peer's
+/// lock, alone in its directory as its recipe expects) in place.
 async fn zk_with_parent(connect: &str) -> zookeeper_client::Client {
     let client = zookeeper_client::Client::connect(connect)
         .await
         .expect("connect");
     let open =
         zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
-    let _ = client.create("/bench-raw", &[], &open).await;
+    for dir in ["/bench-raw", "/bench-peer"] {
+        let _ = client.create(dir, &[], &open).await;
+    }
     client
 }
 
