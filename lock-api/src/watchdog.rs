@@ -15,13 +15,17 @@
 //!   so a hung server cannot hold a release back;
 //! * renewals run in their own task, so deadlines keep firing on time while a call hangs;
 //! * release removes the lease before it touches the backend, and waits for a renewal already in
-//!   flight (the lease's renew gate), so no renewal follows a release.
+//!   flight (the lease's renew gate), so no renewal follows a release;
+//! * the task runs on the runtime of the lease that started it; if that runtime shuts down while
+//!   leases of other runtimes are watched, it moves to one of theirs (a batch cut off with it is
+//!   due again at once).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -146,17 +150,16 @@ impl Watchdog {
                 .spawn(watch_session(Arc::downgrade(self), s.clone()));
         }
         m.map.insert(id, member);
-        if m.task.as_ref().is_none_or(JoinHandle::is_finished) {
-            // First lease, or the runtime that ran the task is gone: run it on this lease's.
-            m.task = Some(
-                lease
-                    .runtime
-                    .spawn(run(Arc::downgrade(self), self.wake.clone())),
-            );
-        }
+        // First lease, or the runtime that ran the task is gone: run it on this lease's.
+        let start = m.task.as_ref().is_none_or(JoinHandle::is_finished);
         if m.sleeping_until.is_none_or(|t| wake_at < t) {
             m.sleeping_until = Some(wake_at);
             self.wake.notify_one();
+        }
+        drop(m);
+        if start {
+            let task = spawn_task(self, &lease.runtime, Vec::new());
+            self.members().task = Some(task);
         }
     }
 
@@ -262,11 +265,68 @@ impl Watchdog {
 }
 
 /// The task: ticks while the client lives.
-async fn run(watchdog: Weak<Watchdog>, wake: Arc<Notify>) {
+/// Starts the watchdog task on `runtime`. If that runtime shuts down while leases of other
+/// runtimes are still watched, the task moves to one of theirs ([`Rescue`]): else those leases
+/// would go unrenewed (and be lost at their deadline) until the next acquire. `dead`: the
+/// runtimes already seen shutting down. Call it without holding the members' lock: a spawn on a
+/// runtime that is shutting down drops the task at once, and its rescue takes that lock.
+fn spawn_task(
+    watchdog: &Arc<Watchdog>,
+    runtime: &Handle,
+    dead: Vec<tokio::runtime::Id>,
+) -> JoinHandle<()> {
+    let rescue = Rescue {
+        watchdog: Arc::downgrade(watchdog),
+        runtime: runtime.id(),
+        dead,
+        done: false,
+    };
+    runtime.spawn(run(Arc::downgrade(watchdog), watchdog.wake.clone(), rescue))
+}
+
+/// Owned by the running task: dropped before the task returned (its runtime shut down, or it
+/// was aborted), it restarts the task on the runtime of a lease still watched.
+struct Rescue {
+    watchdog: Weak<Watchdog>,
+    runtime: tokio::runtime::Id,
+    dead: Vec<tokio::runtime::Id>,
+    done: bool,
+}
+
+impl Drop for Rescue {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let Some(w) = self.watchdog.upgrade() else {
+            return;
+        };
+        let mut dead = std::mem::take(&mut self.dead);
+        dead.push(self.runtime);
+        let target = w
+            .members()
+            .map
+            .values()
+            .filter_map(|member| member.lease.upgrade())
+            .map(|lease| lease.runtime.clone())
+            .find(|rt| !dead.contains(&rt.id()));
+        let Some(rt) = target else {
+            return;
+        };
+        let task = spawn_task(&w, &rt, dead);
+        w.members().task = Some(task);
+        w.wake.notify_one();
+    }
+}
+
+async fn run(watchdog: Weak<Watchdog>, wake: Arc<Notify>, mut rescue: Rescue) {
     loop {
         let next = match watchdog.upgrade() {
             Some(w) => w.tick(),
-            None => return,
+            None => {
+                rescue.done = true;
+                return;
+            }
         };
         match next {
             Some(at) => {
@@ -280,8 +340,38 @@ async fn run(watchdog: Weak<Watchdog>, wake: Arc<Notify>) {
     }
 }
 
+/// Marks a batch's leases in flight until it settles; dropped unsettled (its runtime shut down
+/// mid-call), it makes them due again at once, so the task (moved to a live runtime) renews them.
+struct InFlight {
+    watchdog: Arc<Watchdog>,
+    ids: Vec<u64>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut m = self.watchdog.members();
+        for id in &self.ids {
+            if let Some(member) = m.map.get_mut(id) {
+                member.in_flight = false;
+                member.due = member.due.map(|_| now);
+            }
+        }
+        m.sleeping_until = None;
+        drop(m);
+        self.watchdog.wake.notify_one();
+    }
+}
+
 /// Renews one batch in one backend call.
 async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
+    let mut flight = InFlight {
+        watchdog: watchdog.clone(),
+        ids: batch.iter().map(|(id, _)| *id).collect(),
+    };
     // Leases being released or renewed by hand are skipped; their gate is busy.
     let mut gates = Vec::with_capacity(batch.len());
     let mut live = Vec::with_capacity(batch.len());
@@ -356,6 +446,7 @@ async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
         }
     }
     drop(gates);
+    flight.ids.clear();
     watchdog.settle(outcomes);
 }
 
@@ -400,5 +491,43 @@ mod tests {
         // once the map was empty ticked once per lease: 51.)
         let ticks = client.watchdog().ticks.load(Ordering::Relaxed);
         assert!(ticks <= 3, "{ticks} ticks for 50 leases");
+    }
+
+    /// One client used from two runtimes: the task starts on the first lease's runtime; when
+    /// that runtime shuts down, the lease of the other one is still renewed (it moved there).
+    /// Without the move it went unrenewed and was lost at its deadline.
+    #[test]
+    fn the_task_moves_when_its_runtime_shuts_down() {
+        let runtime = || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime")
+        };
+        let (first, second) = (runtime(), runtime());
+        let store = MemoryStore::new();
+        let client = LockClient::new(Arc::new(store.client()));
+        let opts = AcquireOptions::with_ttl(Duration::from_millis(300));
+        let on_first = first
+            .block_on(client.try_acquire("first", &opts))
+            .expect("acquire on the first runtime");
+        let on_second = second
+            .block_on(client.try_acquire("second", &opts))
+            .expect("acquire on the second runtime");
+        std::mem::forget(on_first);
+        first.shutdown_timeout(Duration::from_secs(1));
+        second.block_on(async {
+            // Five TTLs: only renewals keep the lease.
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            assert_eq!(
+                on_second.lost_reason(),
+                None,
+                "the second runtime's lease was lost"
+            );
+            let name = crate::LockName::new("second").expect("name");
+            assert!(store.holder_remaining(&name).is_some());
+            assert!(on_second.release().await.expect("release"));
+        });
     }
 }
