@@ -44,7 +44,7 @@ cargo package --workspace --no-verify --allow-dirty --quiet \
   --exclude distlock-conformance --exclude distlock-bench --exclude distlock-chaos
 
 echo "== the distlock command installs (the debug build this run makes anyway)"
-CARGO_TARGET_DIR=target cargo install --quiet --path cli --debug --root target/cli-install --force
+CARGO_TARGET_DIR=target cargo install --quiet --locked --path cli --debug --root target/cli-install --force
 target/cli-install/bin/distlock --version
 
 echo "== tests"
