@@ -161,7 +161,7 @@ impl Election {
     }
 
     /// Stands as a candidate with `value` and waits until elected. Candidates are elected in
-    /// arrival order where the backend is FIFO (all but Redis Cluster failover cases); the
+    /// arrival order where the backend declares FIFO (`Capabilities::fifo`); the
     /// leadership lasts while its lease does (the watchdog renews it; its lost signal fires
     /// before any other candidate can be elected).
     ///
