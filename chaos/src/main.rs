@@ -147,8 +147,11 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
         }
         None => plan,
     };
-    let length = if short {
-        Duration::from_secs(14)
+    // Each deployment gets the same share of the campaign, split equally among its runs: a
+    // deployment with one fault (the Sentinel failover) gets as many acquisitions as the others.
+    let (length_of, schedule): (Box<dyn Fn(Deployment) -> Duration>, String) = if short {
+        let each = Duration::from_secs(14);
+        (Box::new(move |_| each), format!("each run {each:?}"))
     } else {
         let minutes: f64 = f
             .get("minutes")
@@ -157,8 +160,24 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
                     .unwrap_or_else(|_| usage("--minutes takes a number"))
             })
             .unwrap_or(30.0);
-        // Whole seconds keep the report readable.
-        Duration::from_secs((minutes * 60.0 / plan.len() as f64).round().max(1.0) as u64)
+        let mut deployments: Vec<Deployment> = Vec::new();
+        for (d, _) in &plan {
+            if !deployments.contains(d) {
+                deployments.push(*d);
+            }
+        }
+        let share = minutes * 60.0 / deployments.len().max(1) as f64;
+        let runs = plan.clone();
+        let length = move |d: Deployment| {
+            let n = runs.iter().filter(|(r, _)| *r == d).count().max(1);
+            // Whole seconds keep the report readable.
+            Duration::from_secs((share / n as f64).round().max(1.0) as u64)
+        };
+        let text = format!(
+            "each deployment {:?} in all, shared equally among its runs",
+            Duration::from_secs(share.round() as u64)
+        );
+        (Box::new(length), text)
     };
     let command = if short {
         format!(
@@ -173,6 +192,7 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
     };
     let mut runs = Vec::new();
     for (d, n) in plan {
+        let length = length_of(d);
         eprintln!("== {} under {} for {length:?}", d.label(), n.label());
         let r = campaign::run(d, n, length);
         let fi = &r.findings;
@@ -187,7 +207,7 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
         );
         runs.push(r);
     }
-    let text = report::markdown(&runs, &command, length);
+    let text = report::markdown(&runs, &command, &schedule);
     let dir = out.parent().map(PathBuf::from).unwrap_or_default();
     let _ = std::fs::create_dir_all(&dir);
     if let Err(e) = std::fs::write(&out, text) {
