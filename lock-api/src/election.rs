@@ -315,7 +315,10 @@ impl Observing {
                     return Err(e);
                 }
             }
-            let hints = self.hints.as_mut().expect("set above");
+            // Set above; a stream that is gone is subscribed again.
+            let Some(hints) = self.hints.as_mut() else {
+                continue;
+            };
             tokio::select! {
                 // The hints ended (a refused watch, a session gone): subscribe again, after a
                 // pause so a store that keeps refusing is not hammered.
