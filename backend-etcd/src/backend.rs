@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
-    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, RepeatGrant, RepeatPrior,
-    Result, Wakeup,
+    Admission, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader,
+    LockBackend, LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, RepeatGrant,
+    RepeatPrior, Result, Wakeup,
 };
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
@@ -35,6 +35,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     ttl_granularity: Duration::from_secs(1),
     min_ttl: Duration::from_secs(2),
     wakeup: Wakeup::Watch,
+    policies: true,
 };
 
 /// Pause between tries of a request that met an unavailable member.
@@ -65,9 +66,12 @@ const NEAR: usize = 1;
 
 /// What a waiter knows of the keys ahead of its own, true as of revision `at`.
 struct Ahead {
-    /// The nearest keys created before ours, nearest first; at most `NEAR + 1`, so a full list
-    /// may be cut short (more keys may be further ahead).
-    keys: Vec<Vec<u8>>,
+    /// How our entry is admitted.
+    admission: Admission,
+    /// The nearest keys created before ours, nearest first, with their limits. An exclusive
+    /// entry reads at most `NEAR + 1` (it waits for them all, so a full list may be cut short:
+    /// more keys may be further ahead); any other reads them all (it counts them).
+    keys: Vec<(Vec<u8>, u32)>,
     /// Our own key still exists (with our create revision).
     alive: bool,
     /// The revision this view is true at (only events after it change it); `None` once it may
@@ -79,12 +83,19 @@ impl Ahead {
     /// `None`: the list is whole, so every delete under the name is followed; else the one key
     /// to follow, `NEAR + 1` places ahead.
     fn follows(&self) -> Option<&[u8]> {
-        (self.keys.len() > NEAR).then(|| self.keys[NEAR].as_slice())
+        (self.admission == Admission::Exclusive && self.keys.len() > NEAR)
+            .then(|| self.keys[NEAR].0.as_slice())
     }
 
-    /// Nothing left to wait for: our key is gone, or nobody is ahead of it.
+    /// The policy admits our entry behind the keys ahead.
+    fn admitted(&self) -> bool {
+        self.admission
+            .admitted(self.keys.iter().map(|(_, limit)| *limit))
+    }
+
+    /// Nothing left to wait for: our key is gone, or it is admitted.
     fn done(&self) -> bool {
-        !self.alive || self.keys.is_empty()
+        !self.alive || self.admitted()
     }
 
     /// Applies the delete events of `w` that come after this view; returns the keys removed.
@@ -99,8 +110,8 @@ impl Ahead {
         {
             if kv.key() == ours {
                 self.alive = false;
-            } else if let Some(i) = self.keys.iter().position(|k| k == kv.key()) {
-                gone.push(self.keys.remove(i));
+            } else if let Some(i) = self.keys.iter().position(|(k, _)| k == kv.key()) {
+                gone.push(self.keys.remove(i).0);
             }
         }
         gone
@@ -384,6 +395,7 @@ impl EtcdBackend {
         key: &str,
         lease: i64,
         entry: &str,
+        admission: Admission,
         prior: Option<RepeatPrior>,
     ) -> Result<(i64, Ahead)> {
         let alone = prior.as_ref().is_some_and(RepeatPrior::send_alone);
@@ -394,7 +406,7 @@ impl EtcdBackend {
             Some(PutOptions::new().with_lease(lease)),
         )];
         if !alone {
-            ops.push(TxnOp::get(prefix, Some(newest_keys(NEAR + 2))));
+            ops.push(TxnOp::get(prefix, Some(keys_ahead(admission, None))));
         }
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -409,6 +421,7 @@ impl EtcdBackend {
                 .is_some_and(|p| self.inner.repeat.proves_alone(p, at))
             {
                 let ahead = Ahead {
+                    admission,
                     keys: Vec::new(),
                     alive: true,
                     at: Some(at),
@@ -416,7 +429,7 @@ impl EtcdBackend {
                 return Ok((at, ahead));
             }
             if alone {
-                return Ok((at, self.read_ahead(prefix, key, at).await?));
+                return Ok((at, self.read_ahead(prefix, key, at, admission).await?));
             }
         }
         let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().last() else {
@@ -427,12 +440,13 @@ impl EtcdBackend {
                 .kvs()
                 .iter()
                 .filter(|kv| kv.create_revision() < at)
-                .map(|kv| kv.key().to_vec())
-                .take(NEAR + 1)
+                .map(limited)
+                .take(window(admission))
                 .collect();
             return Ok((
                 at,
                 Ahead {
+                    admission,
                     keys,
                     alive: true,
                     at: Some(at),
@@ -442,7 +456,10 @@ impl EtcdBackend {
         match got.kvs().first() {
             Some(kv) if kv.value() == entry.as_bytes() => {
                 let my_rev = kv.create_revision();
-                Ok((my_rev, self.read_ahead(prefix, key, my_rev).await?))
+                Ok((
+                    my_rev,
+                    self.read_ahead(prefix, key, my_rev, admission).await?,
+                ))
             }
             _ => Err(LockError::backend(
                 self.inner.endpoints.clone(),
@@ -453,8 +470,14 @@ impl EtcdBackend {
     }
 
     /// Reads what is ahead of our key (created at `my_rev`) now, and whether it still exists.
-    async fn read_ahead(&self, prefix: &str, key: &str, my_rev: i64) -> Result<Ahead> {
-        let nearest = newest_keys(NEAR + 1).with_max_create_revision(my_rev - 1);
+    async fn read_ahead(
+        &self,
+        prefix: &str,
+        key: &str,
+        my_rev: i64,
+        admission: Admission,
+    ) -> Result<Ahead> {
+        let nearest = keys_ahead(admission, Some(my_rev));
         let read = Txn::new().and_then([
             TxnOp::get(prefix, Some(nearest)),
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
@@ -469,7 +492,8 @@ impl EtcdBackend {
             return Err(self.err_text("a read txn answered without its reads"));
         };
         Ok(Ahead {
-            keys: preds.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+            admission,
+            keys: preds.kvs().iter().map(limited).collect(),
             alive: ours
                 .kvs()
                 .first()
@@ -544,7 +568,9 @@ impl EtcdBackend {
                         Ok(Some(w)) if w.created() => {
                             let from = w.header().map_or(i64::MAX, |h| h.revision());
                             if ahead.at.is_none_or(|at| from > at) {
-                                ahead = self.read_ahead(prefix, key, my_rev).await?;
+                                ahead = self
+                                    .read_ahead(prefix, key, my_rev, ahead.admission)
+                                    .await?;
                                 if ahead.follows() != follows.as_deref() || ahead.done() {
                                     break;
                                 }
@@ -589,11 +615,13 @@ impl EtcdBackend {
         LockError::backend(self.inner.endpoints.clone(), true, text)
     }
 
-    /// Enqueues an attempt key whose value is the secret, or with `value` the secret and that
-    /// announced value ([`distlock_api::announced_entry`]), and waits for its turn.
+    /// Enqueues an attempt key whose value is the secret with its limit
+    /// ([`Admission::entry_suffix`]), or with `value` the secret and that announced value
+    /// ([`distlock_api::announced_entry`]), and waits until `admission` admits it.
     async fn acquire_inner(
         &self,
         name: &LockName,
+        admission: Admission,
         deadline: Option<Instant>,
         value: Option<&str>,
     ) -> Result<Grant> {
@@ -601,9 +629,10 @@ impl EtcdBackend {
         let session = self.session().await?;
         let prefix = self.name_prefix(name);
         let secret = OwnerSecret::random()?;
+        let own = format!("{}{}", secret.expose_hex(), admission.entry_suffix());
         let entry = match value {
-            Some(v) => distlock_api::announced_entry(&secret.expose_hex(), v),
-            None => secret.expose_hex(),
+            Some(v) => distlock_api::announced_entry(&own, v),
+            None => own,
         };
         let slot = session.take_slot(&prefix, &entry);
         let key = attempt_key(&self.inner.options.prefix, name, session.lease, slot);
@@ -620,10 +649,16 @@ impl EtcdBackend {
         // acquire on 2 cores); if the caller gives up while it is in flight, `InFlight` moves it
         // into a task that finishes it before the armed key is dropped and deleted (see there).
         let (this, k, lease) = (self.clone(), key.clone(), session.lease);
-        let prior = self.inner.repeat.take(&prefix);
+        // The repeat grant's proof holds for an exclusive entry only (one admitted with nothing
+        // ahead); a shared one could have been admitted beside holders still there.
+        let prior = if admission == Admission::Exclusive {
+            self.inner.repeat.take(&prefix)
+        } else {
+            None
+        };
         let put = InFlight::new(async move {
             let enqueued = this
-                .enqueue(&queued.prefix, &k, lease, &queued.entry, prior)
+                .enqueue(&queued.prefix, &k, lease, &queued.entry, admission, prior)
                 .await;
             queued.unsure = enqueued.is_err();
             (queued, enqueued)
@@ -633,7 +668,11 @@ impl EtcdBackend {
             .await
             .ok_or_else(|| self.err_text("the enqueue ended without an answer"))?;
         let (my_rev, ahead) = enqueued?;
-        if !ahead.keys.is_empty() {
+        if let Err(e) = admission.check_ahead(name.as_str(), ahead.keys.iter().map(|(_, l)| *l)) {
+            queued.remove().await;
+            return Err(e);
+        }
+        if !ahead.admitted() {
             let Some(deadline) = deadline else {
                 queued.remove().await;
                 return Err(LockError::Busy {
@@ -658,7 +697,9 @@ impl EtcdBackend {
             }
         }
         queued.key = None;
-        self.inner.repeat.granted(&prefix, &key, my_rev);
+        if admission == Admission::Exclusive {
+            self.inner.repeat.granted(&prefix, &key, my_rev);
+        }
         Ok(Grant {
             key: GrantKey {
                 name: name.clone(),
@@ -776,13 +817,35 @@ impl Drop for QueuedKey {
     }
 }
 
-/// The `limit` most recently created keys of a name's range, newest first, keys only.
-fn newest_keys(limit: usize) -> GetOptions {
-    GetOptions::new()
+/// How many keys ahead an entry reads: an exclusive one waits for them all, so it follows the
+/// nearest `NEAR + 1` only; any other counts them, so it reads them all (0: no limit).
+fn window(admission: Admission) -> usize {
+    match admission {
+        Admission::Exclusive => NEAR + 1,
+        _ => usize::MAX,
+    }
+}
+
+/// The read of the keys ahead of an entry created at `my_rev` (or, with `None`, of the newest
+/// keys, which include the entry just put): newest first. An exclusive entry reads keys only
+/// (it needs no limits); another reads their values, where the limits are.
+fn keys_ahead(admission: Admission, my_rev: Option<i64>) -> GetOptions {
+    let mut get = GetOptions::new()
         .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(limit as i64)
-        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend);
+    if admission == Admission::Exclusive {
+        let newest = (NEAR + 1 + usize::from(my_rev.is_none())) as i64;
+        get = get.with_limit(newest).with_keys_only();
+    }
+    match my_rev {
+        Some(rev) => get.with_max_create_revision(rev - 1),
+        None => get,
+    }
+}
+
+/// A key and the limit its value records (1 when read keys only: an exclusive entry needs none).
+fn limited(kv: &etcd_client::KeyValue) -> (Vec<u8>, u32) {
+    (kv.key().to_vec(), distlock_api::entry_limit(kv.value()))
 }
 
 /// The request met a transport failure or a member that cannot serve it now, so another try
@@ -830,11 +893,23 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
-        self.acquire_inner(name, None, None).await
+        self.acquire_inner(name, Admission::Exclusive, None, None)
+            .await
     }
 
     async fn acquire(&self, name: &LockName, _ttl: Duration, deadline: Instant) -> Result<Grant> {
-        self.acquire_inner(name, Some(deadline), None).await
+        self.acquire_inner(name, Admission::Exclusive, Some(deadline), None)
+            .await
+    }
+
+    async fn acquire_admitted(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        _ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Grant> {
+        self.acquire_inner(name, admission, deadline, None).await
     }
 
     async fn acquire_announced(
@@ -844,7 +919,7 @@ impl LockBackend for EtcdBackend {
         value: &str,
         deadline: Instant,
     ) -> Result<Option<Grant>> {
-        self.acquire_inner(name, Some(deadline), Some(value))
+        self.acquire_inner(name, Admission::Exclusive, Some(deadline), Some(value))
             .await
             .map(Some)
     }

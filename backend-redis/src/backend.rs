@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
-    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    Admission, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader,
+    LockBackend, LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
 use futures_util::stream::BoxStream;
 use rand::Rng;
@@ -31,6 +31,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     ttl_granularity: Duration::from_millis(1),
     min_ttl: Duration::from_millis(10),
     wakeup: Wakeup::PubSub,
+    policies: true,
 };
 
 /// A waiter that stops re-checking (it crashed) is dropped from the queue after this.
@@ -78,6 +79,22 @@ pub(crate) enum Ask {
     /// A plain `SET NX PX` with token 0: a Redlock node's first ask, which hands out no token and
     /// does not queue; no script runs, so a node grants at the cost of the raw minimum.
     Plain,
+    /// The [`scripts::ADMIT`] script: the same queue, admitting by `admission`'s policy (a
+    /// semaphore's permit, a read-write lock's reader or writer).
+    Admitted { admission: Admission, waiting: bool },
+}
+
+impl Ask {
+    /// Whether a grant of this ask is a field of the name's shared hash (else the lock key).
+    fn shared(self) -> bool {
+        matches!(
+            self,
+            Ask::Admitted {
+                admission: Admission::Permit(_) | Admission::Shared,
+                ..
+            }
+        )
+    }
 }
 
 /// Whom a release wakes.
@@ -107,9 +124,105 @@ pub(crate) enum Attempt {
     Granted(u64),
     /// Held by another owner, who has this much TTL left.
     Busy { pttl_ms: i64 },
+    /// A permit refused: the semaphore is in use with `theirs` permits.
+    Mismatch { theirs: u32 },
 }
 
 impl RedisBackend {
+    /// The one queue: a lock's entry (`admission` `None`: [`scripts::ACQUIRE`]) or one admitted
+    /// by a policy ([`scripts::ADMIT`]). Without a deadline, one try: `Busy` unless granted,
+    /// nothing queued. Else it waits in the name's queue. The first try goes out alone (an
+    /// uncontended acquire is one script call); when it is not admitted, the waiter subscribes
+    /// to its own turn channel and tries again at once, so a release between the two is not
+    /// missed. Then it is woken only when its turn comes (a connection drop too), and re-checks
+    /// when the first holder's TTL runs out and at least every second (which keeps its place).
+    /// Leaves the queue on timeout, error or cancellation.
+    async fn queued(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        admission: Option<Admission>,
+    ) -> Result<Grant> {
+        let keys = self.keys(name);
+        let secret = OwnerSecret::random()?;
+        let started = Instant::now();
+        let mut released: Option<Subscription> = None;
+        let waiting = deadline.is_some();
+        let ask = match admission {
+            None => Ask::Fenced { waiting },
+            Some(admission) => Ask::Admitted { admission, waiting },
+        };
+        // A try joins nothing, so it has nothing to leave.
+        let queued = waiting.then(|| QueueGuard::new(self, &keys, &secret));
+        loop {
+            let sent = Instant::now();
+            let pttl_ms = match self.attempt(&keys, &secret, ttl, ask).await {
+                Ok(Attempt::Granted(token)) => {
+                    // The script took us out of the queue with the grant.
+                    QueueGuard::keep_if_any(queued);
+                    let resource = if ask.shared() {
+                        keys.shared().to_string()
+                    } else {
+                        keys.lock
+                    };
+                    return Ok(self.grant(name, resource, secret, token, ttl, sent));
+                }
+                Ok(Attempt::Mismatch { theirs }) => {
+                    // The script took us out of the queue.
+                    QueueGuard::keep_if_any(queued);
+                    return Err(LockError::LimitMismatch {
+                        name: name.to_string(),
+                        ours: admission.map_or(1, Admission::limit),
+                        theirs,
+                    });
+                }
+                Ok(Attempt::Busy { pttl_ms }) => pttl_ms,
+                Err(e) => {
+                    if let Some(q) = queued {
+                        q.leave().await;
+                    }
+                    return Err(e);
+                }
+            };
+            let Some(deadline) = deadline else {
+                return Err(LockError::Busy {
+                    name: name.to_string(),
+                });
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                if let Some(q) = queued {
+                    q.leave().await;
+                }
+                return Err(LockError::Timeout {
+                    name: name.to_string(),
+                    waited: now - started,
+                });
+            }
+            let Some(sub) = released.as_mut() else {
+                match self.subscribe_turn(&keys, &secret).await {
+                    Ok(sub) => released = Some(sub),
+                    Err(e) => {
+                        if let Some(q) = queued {
+                            q.leave().await;
+                        }
+                        return Err(e);
+                    }
+                }
+                continue;
+            };
+            // Negative: the lock is free but promised to the waiter ahead of us.
+            let wait =
+                u64::try_from(pttl_ms).map_or(RECHECK, |ms| Duration::from_millis(ms).min(RECHECK));
+            let jitter = Duration::from_micros(rand::rng().random_range(0..2_000));
+            tokio::select! {
+                _ = sub.released() => {}
+                _ = sleep_until((now + wait + jitter).min(deadline)) => {}
+            }
+        }
+    }
+
     /// Connects to `topology`: [`RedisBackend::connect`], [`RedisBackend::connect_cluster`] or
     /// [`RedisBackend::connect_sentinel`].
     ///
@@ -316,6 +429,7 @@ impl RedisBackend {
             backend: self,
             keys,
             secret,
+            shared: ask.shared(),
             armed: true,
         };
         let mut conn = self.conn.clone();
@@ -324,10 +438,34 @@ impl RedisBackend {
         let script = match ask {
             Ask::Fenced { waiting } => Some((waiting, WAITER_TTL, false)),
             Ask::Arbiter { waiter_ttl } => Some((true, waiter_ttl, true)),
-            Ask::Plain => None,
+            Ask::Plain | Ask::Admitted { .. } => None,
         };
-        let outcome: Result<(i64, i64)> = match script {
-            Some((waiting, waiter_ttl, arbiter)) => {
+        let outcome: Result<(i64, i64)> = match (script, ask) {
+            (_, Ask::Admitted { admission, waiting }) => {
+                let policy = match admission {
+                    Admission::Exclusive => "x",
+                    Admission::Permit(_) => "p",
+                    Admission::Shared => "s",
+                };
+                self.run(
+                    Call::new(&scripts::ADMIT, 5)
+                        .arg(&keys.lock)
+                        .arg(keys.shared())
+                        .arg(keys.fence())
+                        .arg(keys.queue())
+                        .arg(keys.alive())
+                        .arg(&hex[..])
+                        .arg(ttl_ms)
+                        .arg(u8::from(waiting))
+                        .arg(WAITER_TTL.as_millis() as u64)
+                        .arg(keys.turn())
+                        .arg(admission.limit())
+                        .arg(policy),
+                    &mut conn,
+                )
+                .await
+            }
+            (Some((waiting, waiter_ttl, arbiter)), _) => {
                 self.run(
                     Call::new(&scripts::ACQUIRE, 4)
                         .arg(&keys.lock)
@@ -344,7 +482,7 @@ impl RedisBackend {
                 )
                 .await
             }
-            None => {
+            (None, _) => {
                 // `<secret>:0`: the lock value layout (see `scripts`), with no token.
                 let mut value = [b':'; 34];
                 value[..32].copy_from_slice(&hex);
@@ -367,6 +505,9 @@ impl RedisBackend {
                 .replicated(keys)
                 .await
                 .map(|()| Attempt::Granted(token.max(0) as u64)),
+            Ok((-2, theirs)) => Ok(Attempt::Mismatch {
+                theirs: u32::try_from(theirs).unwrap_or(u32::MAX),
+            }),
             Ok((_, pttl_ms)) => Ok(Attempt::Busy { pttl_ms }),
             Err(e) => Err(e),
         };
@@ -413,6 +554,28 @@ impl RedisBackend {
     ) -> Result<bool> {
         self.release_telling(keys, secret, Tell::QueueHead, sent)
             .await
+    }
+
+    /// Releases a shared grant (a permit, a read lease) and wakes the queue's head.
+    pub(crate) async fn release_shared(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        sent: Sent,
+    ) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        let mut call = Call::new(&scripts::RELEASE_SHARED, 3);
+        call.arg(keys.shared())
+            .arg(keys.queue())
+            .arg(keys.alive())
+            .arg(&secret.expose_hex_bytes()[..])
+            .arg(keys.turn());
+        let call = match sent {
+            Sent::Hash => call,
+            Sent::Source => call.with_source(),
+        };
+        let n: i64 = self.run(&call, &mut conn).await?;
+        Ok(n == 1)
     }
 
     /// Releases (compare-and-delete), then wakes whom `tell` says.
@@ -506,7 +669,7 @@ impl RedisBackend {
     fn grant(
         &self,
         name: &LockName,
-        keys: LockKeys,
+        resource: String,
         secret: OwnerSecret,
         token: u64,
         ttl: Duration,
@@ -515,7 +678,7 @@ impl RedisBackend {
         Grant {
             key: GrantKey {
                 name: name.clone(),
-                resource: keys.lock,
+                resource,
                 secret,
             },
             token: Some(FencingToken(token)),
@@ -531,6 +694,8 @@ struct AttemptGuard<'a> {
     backend: &'a RedisBackend,
     keys: &'a LockKeys,
     secret: &'a OwnerSecret,
+    /// The grant would be a shared field, not the lock key.
+    shared: bool,
     armed: bool,
 }
 
@@ -541,8 +706,13 @@ impl Drop for AttemptGuard<'_> {
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
+            let shared = self.shared;
             rt.spawn(async move {
-                let _ = b.release_keys(&k, &s, Sent::Source).await;
+                let _ = if shared {
+                    b.release_shared(&k, &s, Sent::Source).await
+                } else {
+                    b.release_keys(&k, &s, Sent::Source).await
+                };
             });
         }
     }
@@ -604,6 +774,14 @@ impl<'a> QueueGuard<'a> {
         self.armed = false;
     }
 
+    /// [`QueueGuard::keep`] for a guard a try never armed (taken by value, so the borrows it
+    /// holds end here).
+    fn keep_if_any(guard: Option<Self>) {
+        if let Some(g) = guard {
+            g.keep();
+        }
+    }
+
     /// Leaves the queue now (the caller waits). Armed until the script answered: a caller
     /// dropped meanwhile leaves it to the background, instead of leaving a waiter that holds the
     /// queue up until its liveness runs out.
@@ -653,75 +831,21 @@ impl LockBackend for RedisBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Grant> {
-        let keys = self.keys(name);
-        let secret = OwnerSecret::random()?;
-        let sent = Instant::now();
-        match self
-            .attempt(&keys, &secret, ttl, Ask::Fenced { waiting: false })
-            .await?
-        {
-            Attempt::Granted(token) => Ok(self.grant(name, keys, secret, token, ttl, sent)),
-            Attempt::Busy { .. } => Err(LockError::Busy {
-                name: name.to_string(),
-            }),
-        }
+        self.queued(name, ttl, None, None).await
     }
 
-    /// Waits in the name's queue. The first try goes out alone (an uncontended acquire is one
-    /// script call); when it finds the lock taken, the waiter subscribes to its own turn channel
-    /// and tries again at once, so a release between the two is not missed. Then it is woken
-    /// only when its turn comes (a connection drop too), and re-checks when the holder's TTL runs out and at least every second
-    /// (which keeps its place). Leaves the queue on timeout, error or cancellation.
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
-        let keys = self.keys(name);
-        let secret = OwnerSecret::random()?;
-        let started = Instant::now();
-        let mut released: Option<Subscription> = None;
-        let queued = QueueGuard::new(self, &keys, &secret);
-        loop {
-            let sent = Instant::now();
-            let pttl_ms = match self
-                .attempt(&keys, &secret, ttl, Ask::Fenced { waiting: true })
-                .await
-            {
-                Ok(Attempt::Granted(token)) => {
-                    // The script took us out of the queue with the grant.
-                    queued.keep();
-                    return Ok(self.grant(name, keys.clone(), secret.clone(), token, ttl, sent));
-                }
-                Ok(Attempt::Busy { pttl_ms }) => pttl_ms,
-                Err(e) => {
-                    queued.leave().await;
-                    return Err(e);
-                }
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                queued.leave().await;
-                return Err(LockError::Timeout {
-                    name: name.to_string(),
-                    waited: now - started,
-                });
-            }
-            let Some(sub) = released.as_mut() else {
-                match self.subscribe_turn(&keys, &secret).await {
-                    Ok(sub) => released = Some(sub),
-                    Err(e) => {
-                        queued.leave().await;
-                        return Err(e);
-                    }
-                }
-                continue;
-            };
-            // Negative: the lock is free but promised to the waiter ahead of us.
-            let wait =
-                u64::try_from(pttl_ms).map_or(RECHECK, |ms| Duration::from_millis(ms).min(RECHECK));
-            let jitter = Duration::from_micros(rand::rng().random_range(0..2_000));
-            tokio::select! {
-                _ = sub.released() => {}
-                _ = sleep_until((now + wait + jitter).min(deadline)) => {}
-            }
-        }
+        self.queued(name, ttl, Some(deadline), None).await
+    }
+
+    async fn acquire_admitted(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Grant> {
+        self.queued(name, ttl, deadline, Some(admission)).await
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
@@ -779,8 +903,11 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, key: &GrantKey) -> Result<bool> {
-        self.release_keys(&self.keys(&key.name), &key.secret, Sent::Hash)
-            .await
+        let keys = self.keys(&key.name);
+        if key.resource != keys.lock && key.resource == keys.shared().to_string() {
+            return self.release_shared(&keys, &key.secret, Sent::Hash).await;
+        }
+        self.release_keys(&keys, &key.secret, Sent::Hash).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {

@@ -12,6 +12,7 @@
 //! | `{p:B}:leader:<encoded n>` | pub/sub channel | a message at every announcement of an election's leader (observers listen there) |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
+//! | `{p:B}:shared:<encoded n>` | hash, with PX | a semaphore's permit holders or a read-write lock's readers: owner secret -> `<expiry ms>:<fencing token>:<limit>` |
 //!
 //! `B` is a bucket, `fnv1a64(encoded n) % 1024`, inside the hash tag. Why buckets: the fencing
 //! counter must live in the same hash slot as the lock key (one script touches both, also on
@@ -73,6 +74,11 @@ impl LockKeys {
     /// The waiters' liveness deadlines.
     pub fn alive(&self) -> Key<'_> {
         self.key("alive:", true)
+    }
+
+    /// The shared holders (permits, readers).
+    pub fn shared(&self) -> Key<'_> {
+        self.key("shared:", true)
     }
 
     /// The prefix of each waiter's own "your turn" channel (followed by its secret).
@@ -173,6 +179,7 @@ mod tests {
             k.alive(),
             k.turn(),
             k.leader(),
+            k.shared(),
         ]
         .map(|k| k.to_string());
         assert_eq!(
@@ -184,6 +191,7 @@ mod tests {
                 "{distlock:833}:alive:orders%2F42",
                 "{distlock:833}:turn:",
                 "{distlock:833}:leader:orders%2F42",
+                "{distlock:833}:shared:orders%2F42",
             ]
         );
         // Written into a command, a key is the same one argument.

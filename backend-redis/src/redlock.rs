@@ -67,6 +67,7 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
     ttl_granularity: Duration::from_millis(1),
     min_ttl: Duration::from_millis(10),
     wakeup: Wakeup::PubSub,
+    policies: false,
 };
 
 /// How far apart, per listening waiter, the waiters an announcement wakes together (while the
@@ -297,8 +298,8 @@ impl RedlockBackend {
         match answer {
             // Held (told our turn: by a newcomer) or promised to a waiter ahead of us: whatever
             // the others granted goes back, waking nobody (we keep our place; the holder's
-            // release tells the head).
-            Ok(Attempt::Busy { .. }) => match others {
+            // release tells the head). (A limit mismatch needs a permit: Redlock asks none.)
+            Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. }) => match others {
                 Some(t) if t.granted + t.silent.len() > 0 => (
                     self.refused(keys, secret, start, &t.silent, Waking::Nobody)
                         .await,
@@ -411,7 +412,7 @@ impl RedlockBackend {
         for (i, answer) in answers {
             match answer {
                 Ok(Attempt::Granted(_)) => tally.granted += 1,
-                Ok(Attempt::Busy { .. }) => tally.refused.push(i),
+                Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. }) => tally.refused.push(i),
                 Err(_) => tally.silent.push(i),
             }
         }

@@ -5,6 +5,13 @@
 //! announced `value` ([`ANNOUNCE`]); the secret is always 32 hex characters, so the owner check
 //! compares the first 33 bytes with `<secret>:`.
 //!
+//! One queue serves every policy ([`distlock_api::Admission`]): a queued member is the secret,
+//! followed by `#<limit>` when its limit is not 1, so a waiter reads every limit ahead of it from
+//! the queue itself; a "your turn" message goes to the member's first 32 characters. An
+//! exclusive holder (a lock, a writer) is the lock key; shared holders (permits, readers) are the
+//! fields of the name's `shared` hash, `<secret>` -> `<expiry ms>:<token>:<limit>` by the
+//! server's clock, the hash itself kept alive as long as its longest field ([`ADMIT`]).
+//!
 //! Waiters queue in arrival order (a sorted set scored by server time) with a liveness set
 //! (scored by expiry, refreshed at every re-check): a release tells the live head on its own
 //! channel, and a free lock promised to a live head is refused to everyone else. A waiter that
@@ -147,6 +154,14 @@ local function now_ms()
   local ms = clock()
   return ms
 end
+local function tell(prefix, member)
+  redis.call('PUBLISH', prefix .. string.sub(member, 1, 32), '1')
+end
+local function keep_hash(shared, ttl)
+  if redis.call('PTTL', shared) < ttl then
+    redis.call('PEXPIRE', shared, ttl)
+  end
+end
 "#;
 
 /// KEYS: lock, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms, turn
@@ -213,7 +228,7 @@ end
 if head and head ~= me then
   join(wttl)
   if purged > 0 then
-    redis.call('PUBLISH', ARGV[5] .. head, '1')
+    tell(ARGV[5], head)
   end
   return {{0, -3}}
 end
@@ -245,7 +260,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
   purge(KEYS[1], KEYS[2], now_ms())
   local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
   if head then
-    redis.call('PUBLISH', ARGV[2] .. head, '1')
+    tell(ARGV[2], head)
   end
 end
 return 1
@@ -295,26 +310,185 @@ return 1
     )
 });
 
-/// KEYS: lock 1..n. ARGV: secret 1, ttl ms 1, ..., secret n, ttl ms n.
-/// PEXPIREs each lock that is still ours; never creates a key. Returns one 1 (renewed) or 0 (not
-/// ours: expired, taken or released) per key. One call renews every lease a watchdog tick finds
-/// due (all in one hash slot on Cluster), so renewal traffic does not grow with the lease count.
+/// KEYS: lock or shared hash 1..n (a grant's resource). ARGV: secret 1, ttl ms 1, ..., secret
+/// n, ttl ms n. PEXPIREs each lock that is still ours, and moves the expiry of each shared field
+/// that is still ours and live; never creates anything. Returns one 1 (renewed) or 0 (not ours:
+/// expired, taken or released) per key. One call renews every lease a watchdog tick finds due
+/// (all in one hash slot on Cluster), so renewal traffic does not grow with the lease count.
 pub static RENEW: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-local out = {}
+    Lua::new(format!(
+        r#"{PURGE}
+local out, now = {{}}, nil
 for i, key in ipairs(KEYS) do
-  local cur = redis.call('GET', key)
-  if cur and string.sub(cur, 1, 33) == ARGV[2 * i - 1] .. ':' then
-    out[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
+  local me, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  if string.match(key, '^%b{{}}:shared:') then
+    now = now or now_ms()
+    local cur = redis.call('HGET', key, me)
+    local exp, rest = nil, nil
+    if cur then
+      exp, rest = string.match(cur, '^(%d+):(.*)$')
+    end
+    if exp and tonumber(exp) > now then
+      redis.call('HSET', key, me, (now + ttl) .. ':' .. rest)
+      keep_hash(key, ttl)
+      out[i] = 1
+    else
+      out[i] = 0
+    end
   else
-    out[i] = 0
+    local cur = redis.call('GET', key)
+    if cur and string.sub(cur, 1, 33) == me .. ':' then
+      out[i] = redis.call('PEXPIRE', key, ttl)
+    else
+      out[i] = 0
+    end
   end
 end
 return out
 "#
-        .to_string(),
-    )
+    ))
+});
+
+/// KEYS: lock, shared, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms,
+/// turn channel prefix, limit, policy (`x` exclusive: the holder is the lock key; `p` a permit
+/// and `s` a reader: a field of the shared hash). The queue for every policy but a plain lock's
+/// ([`ACQUIRE`], which keeps its three-command fast path; a lock's name never has shared
+/// holders). In order:
+/// * ours already (a retry after a lost reply): refresh, return `{1, token}`;
+/// * the limits ahead of us: the lock key's holder (1), each live shared holder (expired fields
+///   are dropped), each live waiter queued before us;
+/// * a permit seeing another limit ahead leaves the queue and returns `{-2, their limit}`;
+/// * admitted (fewer ahead than the smallest limit among them and us): INCR the counter, take
+///   the lock key or a shared field, leave the queue, and tell the new head if it is admitted
+///   now too (readers behind a writer are woken one by one, each by the one before); return
+///   `{1, token}`;
+/// * else a waiter joins (first join only) and refreshes its liveness; return `{0, bound}`, the
+///   time until the first holder's expiry (the next re-check), or -3.
+pub static ADMIT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        r#"{PURGE}
+local lock, shared, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local me, ttl, waiting, wttl = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4])
+local turn, limit, policy = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local member = me
+if limit ~= 1 then
+  member = me .. '#' .. limit
+end
+local function limit_of(m)
+  return tonumber(string.match(m, '#(%d+)$')) or 1
+end
+local now, arrival = clock()
+local holders, ahead, bound = {{}}, {{}}, -3
+local function soon(ms)
+  if ms >= 0 and (bound < 0 or ms < bound) then
+    bound = ms
+  end
+end
+local cur = redis.call('GET', lock)
+if cur then
+  if string.sub(cur, 1, 33) == me .. ':' then
+    redis.call('PEXPIRE', lock, ttl)
+    return {{1, tonumber(string.match(cur, '^%x+:(%d+)'))}}
+  end
+  holders[#holders + 1] = 1
+  soon(redis.call('PTTL', lock))
+end
+local held = redis.call('HGETALL', shared)
+for i = 1, #held, 2 do
+  local exp, token, lim = string.match(held[i + 1], '^(%d+):(%d+):(%d+)$')
+  exp = tonumber(exp)
+  if exp <= now then
+    redis.call('HDEL', shared, held[i])
+  elseif held[i] == me then
+    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. lim)
+    keep_hash(shared, ttl)
+    return {{1, tonumber(token)}}
+  else
+    holders[#holders + 1] = tonumber(lim)
+    soon(exp - now)
+  end
+end
+for _, l in ipairs(holders) do
+  ahead[#ahead + 1] = l
+end
+purge(queue, alive, now)
+for _, w in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+  if w == member then
+    break
+  end
+  ahead[#ahead + 1] = limit_of(w)
+end
+if policy == 'p' then
+  for _, l in ipairs(ahead) do
+    if l ~= limit then
+      redis.call('ZREM', queue, member)
+      redis.call('ZREM', alive, member)
+      return {{-2, l}}
+    end
+  end
+end
+local smallest = limit
+for _, l in ipairs(ahead) do
+  smallest = math.min(smallest, l)
+end
+if #ahead < smallest then
+  local token = redis.call('INCR', fence)
+  if policy == 'x' then
+    redis.call('SET', lock, me .. ':' .. token, 'PX', ttl)
+  else
+    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. limit)
+    keep_hash(shared, ttl)
+  end
+  redis.call('ZREM', queue, member)
+  redis.call('ZREM', alive, member)
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if head then
+    local small = math.min(limit, limit_of(head))
+    for _, l in ipairs(holders) do
+      small = math.min(small, l)
+    end
+    if #holders + 1 < small then
+      tell(turn, head)
+    end
+  end
+  return {{1, token}}
+end
+if waiting then
+  redis.call('ZADD', queue, 'NX', arrival, member)
+  redis.call('ZADD', alive, now + wttl, member)
+  redis.call('PEXPIRE', queue, wttl)
+  redis.call('PEXPIRE', alive, wttl)
+end
+return {{0, bound}}
+"#
+    ))
+});
+
+/// KEYS: shared, queue, alive. ARGV: secret, turn channel prefix. Removes our shared field
+/// (a permit's or a reader's), then tells the queue's live head. Returns 1 if it was ours and
+/// live, 0 otherwise (an expired field of ours is removed all the same).
+pub static RELEASE_SHARED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        r#"{PURGE}
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if not cur then
+  return 0
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+local now = now_ms()
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  purge(KEYS[2], KEYS[3], now)
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if head then
+    tell(ARGV[2], head)
+  end
+end
+if tonumber(string.match(cur, '^(%d+):')) <= now then
+  return 0
+end
+return 1
+"#
+    ))
 });
 
 /// KEYS: lock, queue, alive. ARGV: secret, whom to tell (`head`, `leave` or `none`), turn
@@ -348,7 +522,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   purge(KEYS[2], KEYS[3], now_ms())
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if head then
-    redis.call('PUBLISH', ARGV[3] .. head, '1')
+    tell(ARGV[3], head)
   end
 end
 return 1

@@ -7,17 +7,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader, LockBackend,
-    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, RepeatGrant, Result, Wakeup,
+    Admission, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader,
+    LockBackend, LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, RepeatGrant,
+    Result, Wakeup,
 };
 use futures_util::stream::BoxStream;
 use tokio::time::{Instant, timeout, timeout_at};
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState, Stat};
 
 use crate::config::{NodeAcl, ZkOptions};
-use crate::paths::{
-    LOCK_MARKER, attempt_id, lock_dir, node_prefix, owned_by, queue_order, sequence,
-};
+use crate::paths::{lock_dir, node_limit, node_prefix, owned_by, queue_order, sequence};
 use crate::session::Epoch;
 
 /// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
@@ -31,6 +30,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     ttl_granularity: Duration::from_millis(1),
     min_ttl: Duration::from_millis(1),
     wakeup: Wakeup::Watch,
+    policies: true,
 };
 
 /// How many times cleanup of our own node is tried before the session is left to remove it.
@@ -301,14 +301,21 @@ impl ZkBackend {
         dir: &str,
         secret: &OwnerSecret,
         value: Option<&str>,
+        admission: Admission,
     ) -> Result<(String, Stat, Option<Vec<String>>)> {
-        let prefix = node_prefix(dir, secret);
+        let prefix = node_prefix(dir, secret, admission);
         let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
         let data = match value {
             Some(v) => distlock_api::announced_entry(&secret.expose_hex(), v),
             None => secret.expose_hex(),
         };
-        let prior = self.inner.repeat.take(dir);
+        // The repeat grant's proof holds for an exclusive entry only (one admitted with nothing
+        // ahead); a shared one could have been admitted beside holders still there.
+        let prior = if admission == Admission::Exclusive {
+            self.inner.repeat.take(dir)
+        } else {
+            None
+        };
         for _ in 0..CREATE_TRIES {
             let create = epoch.client.create(&prefix, data.as_bytes(), &mode);
             let (created, listed) = if prior.as_ref().is_some_and(|p| p.send_alone()) {
@@ -357,13 +364,12 @@ impl ZkBackend {
         dir: &str,
         secret: &OwnerSecret,
     ) -> Result<Option<(String, Stat)>> {
-        let marker = format!("_c_{}{LOCK_MARKER}", attempt_id(secret));
         let children = match self.call(epoch.client.list_children(dir)).await {
             Ok(c) => c,
             Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(None),
             Err(e) => return Err(e),
         };
-        for child in children.iter().filter(|c| c.starts_with(&marker)) {
+        for child in children.iter().filter(|c| owned_by(c, secret)) {
             let path = format!("{dir}/{child}");
             if let Some(stat) = self.call(epoch.client.check_stat(&path)).await?
                 && stat.ephemeral_owner == epoch.session_id()
@@ -400,9 +406,12 @@ impl ZkBackend {
         }
     }
 
+    /// Creates our queue node, recording `admission`'s limit in its name, and waits until the
+    /// policy admits it (a try, without `deadline`).
     async fn acquire_inner(
         &self,
         name: &LockName,
+        admission: Admission,
         deadline: Option<Instant>,
         value: Option<&str>,
     ) -> Result<Grant> {
@@ -422,7 +431,9 @@ impl ZkBackend {
             path: None,
             armed: true,
         };
-        let created = self.create_node(&epoch, &dir, &secret, value).await;
+        let created = self
+            .create_node(&epoch, &dir, &secret, value, admission)
+            .await;
         let (path, stat, listed) = match created {
             Ok(c) => c,
             Err(e) => {
@@ -432,7 +443,18 @@ impl ZkBackend {
         };
         queued.path = Some(path.clone());
         let outcome = self
-            .wait_turn(&epoch, &dir, &path, listed, sent, deadline)
+            .wait_turn(
+                Turn {
+                    epoch: &epoch,
+                    dir: &dir,
+                    path: &path,
+                    name,
+                    admission,
+                },
+                listed,
+                sent,
+                deadline,
+            )
             .await;
         // The session counts its timeout from the last request of ours it answered. After a
         // long wait that may be far back (a waiter that waited longer than the session timeout
@@ -465,7 +487,9 @@ impl ZkBackend {
             }
         };
         queued.armed = false;
-        self.inner.repeat.granted(&dir, &path, stat.czxid);
+        if admission == Admission::Exclusive {
+            self.inner.repeat.granted(&dir, &path, stat.czxid);
+        }
         self.inner
             .granted
             .lock()
@@ -484,24 +508,33 @@ impl ZkBackend {
         })
     }
 
-    /// Waits until our node is the lowest, watching only the next lower node (the first time,
-    /// `listed` may already hold the queue, read by the create sent at `sent`). When that node
-    /// headed our last listing and is deleted, we are next without listing again (see below);
-    /// any other event re-lists. Before success, checks our epoch is still alive (while it is,
-    /// our ephemeral node is there). Returns the send time of the last request whose answer
-    /// showed our session alive (a listing with our node, or the check on our predecessor).
+    /// Waits until the policy admits our node. An exclusive node (a lock's, a writer's) waits
+    /// to be the lowest, watching only the next lower node (the first time, `listed` may already
+    /// hold the queue, read by the create sent at `sent`). When that node headed our last
+    /// listing and is deleted, we are next without listing again (see below); any other event
+    /// re-lists. Any other node counts the nodes ahead and their limits, so any delete ahead can
+    /// admit it: it watches the directory's children and lists again at each change. Before
+    /// success, checks our epoch is still alive (while it is, our ephemeral node is there).
+    /// Returns the send time of the last request whose answer showed our session alive (a
+    /// listing with our node, or the check on our predecessor).
     async fn wait_turn(
         &self,
-        epoch: &Epoch,
-        dir: &str,
-        path: &str,
+        turn: Turn<'_>,
         mut listed: Option<Vec<String>>,
         sent: Instant,
         deadline: Option<Instant>,
     ) -> Result<Instant> {
+        let Turn {
+            epoch,
+            dir,
+            path,
+            name,
+            admission,
+        } = turn;
         let ours = path.rsplit('/').next().unwrap_or_default().to_string();
         let lost = epoch.lost_signal();
         let mut confirmed = sent;
+        let mut checked = false;
         loop {
             let queue = match listed.take() {
                 Some(q) => q,
@@ -521,7 +554,11 @@ impl ZkBackend {
                     "our queue node vanished (session lost?)",
                 ));
             };
-            if pos == 0 {
+            let ahead = || queue[..pos].iter().map(|n| node_limit(n));
+            if !std::mem::replace(&mut checked, true) {
+                admission.check_ahead(name.as_str(), ahead())?;
+            }
+            if admission.admitted(ahead()) {
                 if !epoch.is_live() {
                     return Err(LockError::backend(
                         self.label(),
@@ -536,13 +573,29 @@ impl ZkBackend {
                     name: String::new(),
                 });
             };
-            let pred = format!("{dir}/{}", queue[pos - 1]);
             let asked = Instant::now();
-            let (stat, watcher) = self.call(epoch.client.check_and_watch_stat(&pred)).await?;
+            let watcher = if admission == Admission::Exclusive {
+                let pred = format!("{dir}/{}", queue[pos - 1]);
+                let (stat, watcher) = self.call(epoch.client.check_and_watch_stat(&pred)).await?;
+                if stat.is_none() {
+                    confirmed = asked;
+                    continue;
+                }
+                watcher
+            } else {
+                let (children, watcher) =
+                    self.call(epoch.client.list_and_watch_children(dir)).await?;
+                let now = in_order(children, path);
+                if now.contains(&ours) {
+                    confirmed = asked;
+                }
+                if now != queue {
+                    listed = Some(now);
+                    continue;
+                }
+                watcher
+            };
             confirmed = asked;
-            if stat.is_none() {
-                continue;
-            }
             tokio::select! {
                 event = watcher.changed() => {
                     // Our listing was read after our create and sequence numbers only grow, so
@@ -552,7 +605,7 @@ impl ZkBackend {
                     // Curator's recipe re-lists). Deeper in the queue the nodes ahead in our
                     // listing are likely gone by now, so a fresh listing is cheaper than
                     // checking them one by one.
-                    if pos == 1 && event.event_type == EventType::NodeDeleted {
+                    if admission == Admission::Exclusive && pos == 1 && event.event_type == EventType::NodeDeleted {
                         listed = Some(queue[1..].to_vec());
                     }
                 }
@@ -565,6 +618,16 @@ impl ZkBackend {
             }
         }
     }
+}
+
+/// Whose turn [`ZkBackend::wait_turn`] waits for: our node `path` in `dir`, admitted by
+/// `admission`, on `epoch`'s session.
+struct Turn<'a> {
+    epoch: &'a Epoch,
+    dir: &'a str,
+    path: &'a str,
+    name: &'a LockName,
+    admission: Admission,
 }
 
 /// Queue nodes (ours and others', not foreign children) in creation order, as seen from our own
@@ -696,11 +759,23 @@ impl LockBackend for ZkBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
-        self.acquire_inner(name, None, None).await
+        self.acquire_inner(name, Admission::Exclusive, None, None)
+            .await
     }
 
     async fn acquire(&self, name: &LockName, _ttl: Duration, deadline: Instant) -> Result<Grant> {
-        self.acquire_inner(name, Some(deadline), None).await
+        self.acquire_inner(name, Admission::Exclusive, Some(deadline), None)
+            .await
+    }
+
+    async fn acquire_admitted(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        _ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Grant> {
+        self.acquire_inner(name, admission, deadline, None).await
     }
 
     async fn acquire_announced(
@@ -710,7 +785,7 @@ impl LockBackend for ZkBackend {
         value: &str,
         deadline: Instant,
     ) -> Result<Option<Grant>> {
-        self.acquire_inner(name, Some(deadline), Some(value))
+        self.acquire_inner(name, Admission::Exclusive, Some(deadline), Some(value))
             .await
             .map(Some)
     }

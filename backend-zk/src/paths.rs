@@ -4,7 +4,11 @@
 //! |---|---|---|
 //! | `<root>` | persistent | created once, holds nothing |
 //! | `<root>/<encoded name>` | container | the lock's queue; ZooKeeper deletes an empty container by itself, so names do not leak znodes |
-//! | `<root>/<encoded name>/_c_<attempt>-lock-<seq>` | ephemeral sequential | one per acquire attempt; data = owner secret; the lowest sequence holds |
+//! | `<root>/<encoded name>/_c_<attempt>[#<limit>]-lock-<seq>` | ephemeral sequential | one per acquire attempt, the queue entry; data = owner secret; the lowest sequence holds a lock |
+//!
+//! `#<limit>` is the entry's admission limit ([`distlock_api::Admission::entry_suffix`]; none
+//! for a lock's or a writer's entry, whose limit is 1): in the name, so one listing tells a
+//! waiter every limit ahead of it.
 //!
 //! `<attempt>` is the first 32 hex characters of SHA-256 of the attempt's owner secret: it is
 //! the protected prefix that finds our node again after a connection loss during create (checked
@@ -20,7 +24,7 @@
 //! ([`queue_order`], serial-number arithmetic): correct whenever the live nodes of one queue
 //! span less than 2^31 steps, which a queue of fewer than a billion waiters always does.
 
-use distlock_api::{LockName, OwnerSecret};
+use distlock_api::{Admission, LockName, OwnerSecret};
 use sha2::{Digest, Sha256};
 
 /// The marker between the protected prefix and the sequence number.
@@ -38,15 +42,28 @@ pub fn attempt_id(secret: &OwnerSecret) -> String {
 }
 
 /// The path given to the sequential create (the server appends the sequence number).
-pub fn node_prefix(dir: &str, secret: &OwnerSecret) -> String {
-    format!("{dir}/_c_{}{LOCK_MARKER}", attempt_id(secret))
+pub fn node_prefix(dir: &str, secret: &OwnerSecret, admission: Admission) -> String {
+    format!(
+        "{dir}/_c_{}{}{LOCK_MARKER}",
+        attempt_id(secret),
+        admission.entry_suffix()
+    )
 }
 
 /// Whether `path` is a node created with `secret` (no server call).
 pub fn owned_by(path: &str, secret: &OwnerSecret) -> bool {
-    path.rsplit('/')
-        .next()
-        .is_some_and(|node| node.starts_with(&format!("_c_{}{LOCK_MARKER}", attempt_id(secret))))
+    path.rsplit('/').next().is_some_and(|node| {
+        node.strip_prefix(&format!("_c_{}", attempt_id(secret)))
+            .is_some_and(|rest| rest.starts_with('#') || rest.starts_with(LOCK_MARKER))
+    })
+}
+
+/// The admission limit a node's name records (1 when it records none).
+pub fn node_limit(node: &str) -> u32 {
+    node.rsplit_once(LOCK_MARKER)
+        .and_then(|(head, _)| head.split_once('#'))
+        .and_then(|(_, limit)| limit.parse().ok())
+        .unwrap_or(1)
 }
 
 /// The sequence number of a queue node's name, as the server wrote it (signed 32-bit; see the
@@ -75,9 +92,16 @@ mod tests {
         let other = OwnerSecret::random().expect("rng");
         let dir = lock_dir("/distlock", &LockName::new("a/b").expect("valid"));
         assert_eq!(dir, "/distlock/a%2Fb");
-        let node = format!("{}0000000042", node_prefix(&dir, &s));
+        let node = format!("{}0000000042", node_prefix(&dir, &s, Admission::Exclusive));
         assert!(owned_by(&node, &s));
         assert!(!owned_by(&node, &other));
+        assert_eq!(node_limit(node.rsplit('/').next().expect("name")), 1);
+        let permit = format!("{}-000000007", node_prefix(&dir, &s, Admission::Permit(4)));
+        assert!(owned_by(&permit, &s));
+        assert!(!owned_by(&permit, &other));
+        let permit = permit.rsplit('/').next().expect("name");
+        assert_eq!(node_limit(permit), 4);
+        assert_eq!(sequence(permit), Some(-7));
         assert_eq!(sequence(node.rsplit('/').next().expect("name")), Some(42));
     }
 

@@ -68,6 +68,8 @@ pub enum Need {
     KillsServers,
     /// One server can be killed while the rest keep serving ([`Factory::survives_a_member_kill`]).
     MemberKill,
+    /// A queue that admits by policy: semaphores and read-write locks.
+    Policies,
 }
 
 impl Need {
@@ -80,6 +82,7 @@ impl Need {
             Need::Reentrancy => caps.reentrancy != Reentrancy::None,
             Need::ServerProcess | Need::KillsServers => factory.isolated.is_some(),
             Need::MemberKill => factory.survives_a_member_kill,
+            Need::Policies => caps.policies,
         };
         if met {
             return Ok(());
@@ -92,6 +95,7 @@ impl Need {
                 "in-process store: no server process to reach or kill"
             }
             Need::MemberKill => "no spare member: one server's loss takes locks down with it",
+            Need::Policies => "the queue admits locks only (declared policies: false)",
         }
         .to_string())
     }
@@ -150,7 +154,14 @@ macro_rules! for_each_scenario {
             a_resigned_leader_hands_over_promptly: [Need::MonotonicFencing],
             a_killed_leader_process_is_replaced: [Need::ServerProcess, Need::MonotonicFencing],
             a_cut_off_leader_is_told_first_and_fenced_off: [Need::MonotonicFencing],
-            cancelled_campaigns_leave_nothing_and_callbacks_hand_over: [Need::MonotonicFencing]
+            cancelled_campaigns_leave_nothing_and_callbacks_hand_over: [Need::MonotonicFencing],
+            a_semaphore_never_admits_more_than_its_permits: [Need::Policies],
+            a_dead_holders_permit_returns: [Need::Policies],
+            cancelled_permit_waiters_leave_nothing: [Need::Policies],
+            permits_are_granted_in_arrival_order: [Need::Policies, Need::Fifo],
+            a_mismatched_permit_count_is_refused: [Need::Policies],
+            readers_share_and_a_writer_excludes: [Need::Policies],
+            a_waiting_writer_is_not_starved_by_later_readers: [Need::Policies, Need::Fifo]
         }
     };
 }

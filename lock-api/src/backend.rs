@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use futures_util::stream::BoxStream;
 use tokio::time::Instant;
 
+use crate::admission::Admission;
 use crate::election::Leader;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
@@ -126,6 +127,37 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
     /// # Cancel safety
     /// Dropping the future leaves no lock held and nothing queued.
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant>;
+
+    /// Queues an entry admitted by `admission` ([`crate::admission`]: a semaphore's permit, a
+    /// read-write lock's reader or writer) and returns its grant once admitted. Without a
+    /// deadline it is a try: `Busy` at once, nothing left queued, unless admitted at once. Same
+    /// promises as [`LockBackend::acquire`] otherwise: one queue per name, entries admitted in
+    /// arrival order, a permit whose limit differs from one ahead refused with
+    /// [`crate::LockError::LimitMismatch`] and nothing left queued. Renew and release take its
+    /// [`GrantKey`] as a lock's.
+    ///
+    /// The default serves [`Admission::Exclusive`] with `try_acquire` / `acquire` and refuses
+    /// the other policies; a backend that admits by policy declares
+    /// [`Capabilities::policies`].
+    ///
+    /// # Cancel safety
+    /// As `acquire`.
+    async fn acquire_admitted(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Grant> {
+        match (admission, deadline) {
+            (Admission::Exclusive, None) => self.try_acquire(name, ttl).await,
+            (Admission::Exclusive, Some(d)) => self.acquire(name, ttl, d).await,
+            _ => Err(LockError::Unsupported {
+                backend: self.kind(),
+                what: "semaphores and read-write locks".to_string(),
+            }),
+        }
+    }
 
     /// Resets the TTL of a grant we still hold; never re-creates it.
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal>;

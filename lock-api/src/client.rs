@@ -6,12 +6,14 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
+use crate::admission::Admission;
 use crate::backend::{Grant, LockBackend, LockStatus};
 use crate::error::{LockError, Result};
 use crate::guarantee::{Capabilities, Guarantee};
 use crate::lease::{Lease, LeaseShared, LeaseState};
 use crate::name::LockName;
 use crate::options::AcquireOptions;
+use crate::owner::HoldKey;
 use crate::run::{Held, Ran};
 use crate::signal::lost_signal;
 use crate::watchdog::Watchdog;
@@ -98,7 +100,7 @@ impl LockClient {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire(&self, name: &str, opts: &AcquireOptions) -> Result<Lease> {
-        Ok(self.acquire_inner(name, opts, None, None).await?.0)
+        Ok(self.acquire_inner(name, opts, None, None, None).await?.0)
     }
 
     /// Takes the lock, waiting up to `timeout`.
@@ -130,7 +132,7 @@ impl LockClient {
         timeout: Duration,
     ) -> Result<Lease> {
         Ok(self
-            .acquire_inner(name, opts, Some(Instant::now() + timeout), None)
+            .acquire_inner(name, opts, Some(Instant::now() + timeout), None, None)
             .await?
             .0)
     }
@@ -143,7 +145,7 @@ impl LockClient {
         deadline: Instant,
     ) -> Result<Lease> {
         Ok(self
-            .acquire_inner(name, opts, Some(deadline), None)
+            .acquire_inner(name, opts, Some(deadline), None, None)
             .await?
             .0)
     }
@@ -216,6 +218,9 @@ impl LockClient {
 
     /// The one acquire path. With `value` (an election's campaign, always waiting), the backend
     /// may write it into the queue entry at once; the second output says whether it did.
+    /// `admission` is the policy of a semaphore's or read-write lock's entry
+    /// ([`LockBackend::acquire_admitted`]); `None` for a lock (`try_acquire` / `acquire`, each
+    /// backend's fastest path).
     #[tracing::instrument(name = "distlock.acquire", skip_all, fields(lock = name, backend = self.backend.kind(), waiting = deadline.is_some()))]
     pub(crate) async fn acquire_inner(
         &self,
@@ -223,9 +228,12 @@ impl LockClient {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
         value: Option<&str>,
+        admission: Option<Admission>,
     ) -> Result<(Lease, bool)> {
         let started = Instant::now();
-        let result = self.acquire_checked(name, opts, deadline, value).await;
+        let result = self
+            .acquire_checked(name, opts, deadline, value, admission)
+            .await;
         crate::metrics::acquire(
             self.backend.kind(),
             opts.guarantee,
@@ -242,6 +250,7 @@ impl LockClient {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
         value: Option<&str>,
+        admission: Option<Admission>,
     ) -> Result<(Lease, bool)> {
         let name = LockName::new(name)?;
         opts.validate()?;
@@ -257,6 +266,7 @@ impl LockClient {
         let hold_key = (
             Arc::as_ptr(&self.backend) as *const () as usize,
             name.clone(),
+            admission.unwrap_or(Admission::Exclusive),
         );
         if let Some(owner) = &opts.owner
             && let Some(shared) = owner.held(&hold_key)
@@ -265,6 +275,12 @@ impl LockClient {
             return Ok((lease, false));
         }
         let (grant, announced) = match (deadline, value) {
+            _ if let Some(admission) = admission => (
+                self.backend
+                    .acquire_admitted(&name, admission, ttl, deadline)
+                    .await?,
+                false,
+            ),
             (None, _) => (self.backend.try_acquire(&name, ttl).await?, false),
             (Some(d), Some(v)) => match self.backend.acquire_announced(&name, ttl, v, d).await? {
                 Some(g) => (g, true),
@@ -291,7 +307,7 @@ impl LockClient {
         grant: Grant,
         opts: &AcquireOptions,
         runtime: Handle,
-        hold_key: (usize, LockName),
+        hold_key: HoldKey,
     ) -> Lease {
         let (trigger, _) = lost_signal();
         let member = self.watchdog.next_id();

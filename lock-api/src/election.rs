@@ -52,11 +52,12 @@ pub fn announced_entry(secret_hex: &str, value: &str) -> String {
     format!("{secret_hex}:{value}")
 }
 
-/// Whether entry data was written by the attempt owning `secret_hex`, announced or not.
+/// Whether entry data was written by the attempt owning `secret_hex`, announced or not, with
+/// its limit or not ([`crate::Admission::entry_suffix`]).
 pub fn entry_written_by(entry: &[u8], secret_hex: &str) -> bool {
     entry
         .strip_prefix(secret_hex.as_bytes())
-        .is_some_and(|rest| rest.first().is_none_or(|b| *b == b':'))
+        .is_some_and(|rest| rest.first().is_none_or(|b| *b == b':' || *b == b'#'))
 }
 
 /// The value announced in entry data ([`announced_entry`]), if any.
@@ -122,13 +123,7 @@ impl LockClient {
     /// [`LockError::Unsupported`] when the backend has no strictly increasing fencing tokens to
     /// make terms of (Redlock).
     pub fn election(&self, name: &str) -> Result<Election> {
-        let lock = LockName::new(format!("{ELECTION_LOCK_PREFIX}{name}")).map_err(|e| match e {
-            LockError::InvalidName { reason, .. } => LockError::InvalidName {
-                name: name.to_string(),
-                reason,
-            },
-            other => other,
-        })?;
+        let lock = crate::semaphore::namespaced(ELECTION_LOCK_PREFIX, name)?;
         if self.capabilities().fencing == Fencing::None {
             return Err(LockError::Unsupported {
                 backend: self.backend().kind(),
@@ -194,7 +189,13 @@ impl Election {
         }
         let (lease, announced) = self
             .client
-            .acquire_inner(self.lock.as_str(), &self.opts, Some(deadline), Some(value))
+            .acquire_inner(
+                self.lock.as_str(),
+                &self.opts,
+                Some(deadline),
+                Some(value),
+                None,
+            )
             .await?;
         let Some(term) = lease.fencing_token() else {
             return Err(LockError::Unsupported {

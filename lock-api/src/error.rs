@@ -109,6 +109,17 @@ pub enum LockError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A semaphore was asked for with another number of permits than its current users hold
+    /// or wait with: every user of one name must agree on it. Nothing was left queued.
+    #[error("semaphore {name:?} is in use with {theirs} permits, not {ours}")]
+    LimitMismatch {
+        /// The semaphore name.
+        name: String,
+        /// The number of permits this call asked for.
+        ours: u32,
+        /// The number the semaphore's current holders or waiters use.
+        theirs: u32,
+    },
     /// The backend failed (network, server error, protocol).
     #[error("{backend} backend failed{}: {source}", if *.retryable { " (retryable)" } else { "" })]
     Backend {

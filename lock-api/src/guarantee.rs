@@ -99,6 +99,9 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// How waiters are woken.
     pub wakeup: Wakeup,
+    /// Whether the queue admits by policy ([`crate::Admission`]): semaphores and read-write
+    /// locks ([`crate::LockBackend::acquire_admitted`]).
+    pub policies: bool,
 }
 
 impl Capabilities {
@@ -137,6 +140,7 @@ mod tests {
             ttl_granularity: Duration::from_secs(1),
             min_ttl: Duration::from_secs(2),
             wakeup: Wakeup::Polling,
+            policies: false,
         }
     }
 

@@ -14,7 +14,7 @@ use crate::fencing::FencingToken;
 use crate::guarantee::Guarantee;
 use crate::name::LockName;
 use crate::options::{LeaseMode, Margins};
-use crate::owner::Owner;
+use crate::owner::{HoldKey, Owner};
 use crate::signal::{LostSignal, LostTrigger};
 use crate::watchdog::Watchdog;
 
@@ -38,7 +38,7 @@ pub(crate) struct LeaseShared {
     pub(crate) renew_gate: tokio::sync::Mutex<()>,
     /// The runtime the lease was acquired on: Drop spawns its background release there.
     pub(crate) runtime: Handle,
-    pub(crate) owner: Option<(Owner, (usize, LockName))>,
+    pub(crate) owner: Option<(Owner, HoldKey)>,
     /// The client's watchdog, and this lease's id in it.
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) member: u64,

@@ -9,6 +9,8 @@
 //! * [`Election`]: leader election on a lock's queue ([`LockClient::election`]): campaign,
 //!   [`Leadership`] (term = fencing token, lost signal, proclaim, resign), the callback form
 //!   ([`Election::lead`]), and observers ([`Election::leader`], [`Election::observe`]).
+//! * [`Semaphore`] and [`RwLock`]: at most N holders, or many readers and one writer, on the
+//!   same queue as locks with another admission policy ([`admission`]).
 //! * [`memory`]: the reference backend, usable under `tokio::time::pause()`.
 //!
 //! # Efficiency or correctness?
@@ -44,6 +46,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod admission;
 mod backend;
 mod client;
 mod election;
@@ -58,10 +61,12 @@ mod options;
 mod owner;
 mod repeat;
 mod run;
+mod semaphore;
 mod signal;
 pub mod url;
 mod watchdog;
 
+pub use admission::{Admission, entry_limit};
 pub use backend::{
     Grant, GrantKey, HolderStatus, LockBackend, LockStatus, Renewal, renew_as_batch,
 };
@@ -82,4 +87,5 @@ pub use options::{AcquireOptions, LeaseMode, Margins};
 pub use owner::{Owner, OwnerSecret};
 pub use repeat::{RepeatGrant, RepeatPrior};
 pub use run::{Held, Ran};
+pub use semaphore::{RWLOCK_LOCK_PREFIX, RwLock, SEMAPHORE_LOCK_PREFIX, Semaphore};
 pub use signal::{LostSignal, LostTrigger, lost_signal};

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 
+use crate::admission::Admission;
 use crate::error::{LockError, Result};
 use crate::lease::LeaseShared;
 use crate::name::LockName;
@@ -53,7 +54,8 @@ impl fmt::Debug for OwnerSecret {
     }
 }
 
-type HoldKey = (usize, LockName);
+/// A hold is per backend, name and admission: an owner's read lease is not its write lease.
+pub(crate) type HoldKey = (usize, LockName, Admission);
 
 /// A re-entrancy owner. Async tasks have no thread identity, so the caller creates an `Owner`
 /// and passes it down (clones are the same owner). An acquire of a name this owner already holds

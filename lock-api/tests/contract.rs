@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::memory::{MemoryBackend, MemoryStore};
 use distlock_api::{
-    AcquireOptions, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader,
-    LockBackend, LockClient, LockError, LockName, LockStatus, LostReason, Owner, Renewal,
+    AcquireOptions, Admission, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee,
+    Leader, LockBackend, LockClient, LockError, LockName, LockStatus, LostReason, Owner, Renewal,
 };
 use futures_util::stream::BoxStream;
 use tokio::time::{Instant, advance, sleep};
@@ -83,6 +83,17 @@ impl LockBackend for Probe {
     }
     async fn inspect(&self, name: &LockName) -> distlock_api::Result<LockStatus> {
         self.inner.inspect(name).await
+    }
+    async fn acquire_admitted(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> distlock_api::Result<Grant> {
+        self.inner
+            .acquire_admitted(name, admission, ttl, deadline)
+            .await
     }
     async fn acquire_announced(
         &self,

@@ -52,7 +52,13 @@ pub(crate) async fn artifacts(admin: &mut impl ConnectionLike, name: &LockName) 
         .query_async(admin)
         .await
         .expect("ZCARD");
-    (held + queued) as usize
+    // Permits and read leases (their fields expire with the hash at the latest).
+    let shared: i64 = redis::cmd("HLEN")
+        .arg(keys.shared())
+        .query_async(admin)
+        .await
+        .expect("HLEN");
+    (held + queued + shared) as usize
 }
 
 /// How long the server keeps `name`'s lock key (`PTTL`), if it exists.

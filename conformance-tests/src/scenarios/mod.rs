@@ -16,6 +16,7 @@ mod reentrancy;
 mod release;
 mod renewal;
 mod run;
+mod semaphore;
 mod waiting;
 
 use std::sync::Arc;
@@ -24,8 +25,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    AcquireOptions, Capabilities, FencingToken, Grant, GrantKey, Leader, LockBackend, LockClient,
-    LockName, LockStatus, Renewal,
+    AcquireOptions, Admission, Capabilities, FencingToken, Grant, GrantKey, Leader, LockBackend,
+    LockClient, LockName, LockStatus, Renewal,
 };
 use futures_util::stream::BoxStream;
 use tokio::time::Instant;
@@ -45,6 +46,7 @@ pub use reentrancy::*;
 pub use release::*;
 pub use renewal::*;
 pub use run::*;
+pub use semaphore::*;
 pub use waiting::*;
 
 use crate::deployment::Deployment;
@@ -162,6 +164,17 @@ impl LockBackend for Counting {
     }
     async fn inspect(&self, name: &LockName) -> distlock_api::Result<LockStatus> {
         self.inner.inspect(name).await
+    }
+    async fn acquire_admitted(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> distlock_api::Result<Grant> {
+        self.inner
+            .acquire_admitted(name, admission, ttl, deadline)
+            .await
     }
     async fn acquire_announced(
         &self,

@@ -24,6 +24,7 @@ use futures_util::stream::BoxStream;
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until};
 
+use crate::admission::Admission;
 use crate::backend::{Grant, GrantKey, HolderStatus, LockBackend, LockStatus, Renewal};
 use crate::election::Leader;
 use crate::error::{LockError, Result};
@@ -73,11 +74,12 @@ impl MemoryStore {
         st.settle(name.encoded(), now);
         st.locks
             .get(name.encoded())
-            .map_or(0, |e| usize::from(e.holder.is_some()) + e.waiters.len())
+            .map_or(0, |e| e.holders.len() + e.waiters.len())
     }
 
-    /// Removes the holder of `name`, as an operator deleting the lock by hand would (the next
-    /// waiter gets it); the holder's next renewal finds it gone. Returns whether there was one.
+    /// Removes the (oldest) holder of `name`, as an operator deleting the lock by hand would (the
+    /// next waiter gets it); the holder's next renewal finds it gone. Returns whether there was
+    /// one.
     pub fn evict(&self, name: &LockName) -> bool {
         let now = Instant::now();
         let mut st = self.lock();
@@ -85,7 +87,8 @@ impl MemoryStore {
         let had = st
             .locks
             .get_mut(name.encoded())
-            .and_then(|e| e.holder.take())
+            .filter(|e| !e.holders.is_empty())
+            .map(|e| e.holders.remove(0))
             .is_some();
         st.settle(name.encoded(), now);
         had
@@ -99,15 +102,14 @@ impl MemoryStore {
         st.expiry(name.encoded()).map(|e| e - now)
     }
 
-    /// The fencing token of the live holder of `name`, if any.
+    /// The fencing token of the live (oldest) holder of `name`, if any.
     pub fn holder_token(&self, name: &LockName) -> Option<FencingToken> {
         let now = Instant::now();
         let mut st = self.lock();
         st.settle(name.encoded(), now);
         st.locks
             .get(name.encoded())?
-            .holder
-            .as_ref()
+            .first()
             .map(|h| FencingToken(h.token))
     }
 }
@@ -135,6 +137,7 @@ const CAPABILITIES: Capabilities = Capabilities {
     ttl_granularity: Duration::from_millis(1),
     min_ttl: Duration::from_millis(1),
     wakeup: Wakeup::InProcess,
+    policies: true,
 };
 
 impl MemoryBackend {
@@ -169,6 +172,82 @@ impl MemoryBackend {
             ttl,
             sent_at: at,
             session: None,
+        }
+    }
+}
+
+impl MemoryBackend {
+    /// The one queue: admitted at once, else (with a deadline) queued until the policy admits
+    /// it; without one, `Busy`.
+    async fn admit(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Grant> {
+        self.check_reachable()?;
+        let secret = OwnerSecret::random()?;
+        let key = name.encoded();
+        let started = Instant::now();
+        let (tx, rx) = oneshot::channel();
+        let (id, deadline) = {
+            let mut st = self.store.lock();
+            if let Some(t) = st.grant_now(key, &secret, ttl, admission, started)? {
+                return Ok(Self::grant(name, secret, ttl, (t, started)));
+            }
+            let Some(deadline) = deadline else {
+                return Err(LockError::Busy {
+                    name: name.to_string(),
+                });
+            };
+            st.last_waiter += 1;
+            let id = st.last_waiter;
+            let entry = st.locks.entry(key.to_string()).or_default();
+            entry.waiters.push_back(Waiter {
+                id,
+                secret: secret.clone(),
+                ttl,
+                admission,
+                tx,
+            });
+            (id, deadline)
+        };
+        let mut waiter = QueuedWaiter {
+            store: &self.store,
+            key,
+            id,
+            secret: secret.clone(),
+            rx,
+            done: false,
+        };
+        let mut link = self.link.subscribe();
+        loop {
+            // Sleep until the hand-over, the holder's expiry (then settle hands it on), or the
+            // deadline; a missed notification cannot hang us past the holder's TTL.
+            let wake = self
+                .store
+                .lock()
+                .expiry(key)
+                .map_or(deadline, |e| e.min(deadline));
+            tokio::select! {
+                handoff = &mut waiter.rx => {
+                    waiter.done = true;
+                    let handoff = handoff.map_err(|_| LockError::backend("memory", true, "store dropped a waiter"))?;
+                    return Ok(Self::grant(name, secret, ttl, handoff));
+                }
+                _ = link.wait_for(|up| !up) => return Err(cut_off()),
+                _ = sleep_until(wake) => {
+                    let now = Instant::now();
+                    self.store.lock().settle(key, now);
+                    if now >= deadline && waiter.rx.is_empty() {
+                        return Err(LockError::Timeout {
+                            name: name.to_string(),
+                            waited: now - started,
+                        });
+                    }
+                }
+            }
         }
     }
 }
@@ -213,79 +292,22 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Grant> {
-        self.check_reachable()?;
-        let secret = OwnerSecret::random()?;
-        let now = Instant::now();
-        let token = self
-            .store
-            .lock()
-            .grant_now(name.encoded(), &secret, ttl, now);
-        match token {
-            Some(t) => Ok(Self::grant(name, secret, ttl, (t, now))),
-            None => Err(LockError::Busy {
-                name: name.to_string(),
-            }),
-        }
+        self.admit(name, Admission::Exclusive, ttl, None).await
     }
 
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
-        self.check_reachable()?;
-        let secret = OwnerSecret::random()?;
-        let key = name.encoded();
-        let started = Instant::now();
-        let (tx, rx) = oneshot::channel();
-        let id = {
-            let mut st = self.store.lock();
-            if let Some(t) = st.grant_now(key, &secret, ttl, started) {
-                return Ok(Self::grant(name, secret, ttl, (t, started)));
-            }
-            st.last_waiter += 1;
-            let id = st.last_waiter;
-            let entry = st.locks.entry(key.to_string()).or_default();
-            entry.waiters.push_back(Waiter {
-                id,
-                secret: secret.clone(),
-                ttl,
-                tx,
-            });
-            id
-        };
-        let mut waiter = QueuedWaiter {
-            store: &self.store,
-            key,
-            id,
-            secret: secret.clone(),
-            rx,
-            done: false,
-        };
-        let mut link = self.link.subscribe();
-        loop {
-            // Sleep until the hand-over, the holder's expiry (then settle hands it on), or the
-            // deadline; a missed notification cannot hang us past the holder's TTL.
-            let wake = self
-                .store
-                .lock()
-                .expiry(key)
-                .map_or(deadline, |e| e.min(deadline));
-            tokio::select! {
-                handoff = &mut waiter.rx => {
-                    waiter.done = true;
-                    let handoff = handoff.map_err(|_| LockError::backend("memory", true, "store dropped a waiter"))?;
-                    return Ok(Self::grant(name, secret, ttl, handoff));
-                }
-                _ = link.wait_for(|up| !up) => return Err(cut_off()),
-                _ = sleep_until(wake) => {
-                    let now = Instant::now();
-                    self.store.lock().settle(key, now);
-                    if now >= deadline && waiter.rx.is_empty() {
-                        return Err(LockError::Timeout {
-                            name: name.to_string(),
-                            waited: now - started,
-                        });
-                    }
-                }
-            }
-        }
+        self.admit(name, Admission::Exclusive, ttl, Some(deadline))
+            .await
+    }
+
+    async fn acquire_admitted(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Grant> {
+        self.admit(name, admission, ttl, deadline).await
     }
 
     async fn renew(&self, key: &GrantKey, ttl: Duration) -> Result<Renewal> {
@@ -321,7 +343,7 @@ impl LockBackend for MemoryBackend {
             });
         };
         Ok(LockStatus {
-            holder: e.holder.as_ref().map(|h| HolderStatus {
+            holder: e.first().map(|h| HolderStatus {
                 token: Some(FencingToken(h.token)),
                 expires_in: Some(h.expires - now),
             }),
@@ -351,7 +373,7 @@ impl LockBackend for MemoryBackend {
         Ok(st
             .locks
             .get(name.encoded())
-            .and_then(|e| e.holder.as_ref())
+            .and_then(|e| e.first())
             .and_then(|h| {
                 Some(Leader {
                     term: FencingToken(h.token),

@@ -6,6 +6,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use crate::admission::Admission;
+use crate::error::Result;
 use crate::owner::OwnerSecret;
 
 /// A grant as the store hands it to a waiter: the token and when the TTL started.
@@ -17,20 +19,40 @@ pub(super) struct Holder {
     pub(super) expires: Instant,
     /// What the holder announced as an election's leader.
     pub(super) value: Option<String>,
+    /// Its entry's limit ([`Admission::limit`]).
+    pub(super) limit: u32,
 }
 
 pub(super) struct Waiter {
     pub(super) id: u64,
     pub(super) secret: OwnerSecret,
     pub(super) ttl: Duration,
+    pub(super) admission: Admission,
     pub(super) tx: oneshot::Sender<Handoff>,
 }
 
+/// One name's admission queue: the admitted entries (holders), then the waiting ones, each in
+/// arrival order; [`Admission`] says how far the admitted prefix reaches.
 #[derive(Default)]
 pub(super) struct Entry {
-    pub(super) holder: Option<Holder>,
-    /// Arrival order: the head is granted next (FIFO).
+    pub(super) holders: Vec<Holder>,
+    /// Arrival order: admitted from the front (FIFO).
     pub(super) waiters: VecDeque<Waiter>,
+}
+
+impl Entry {
+    /// The limits of every entry, holders first, in queue order.
+    fn limits(&self) -> impl Iterator<Item = u32> + '_ {
+        self.holders
+            .iter()
+            .map(|h| h.limit)
+            .chain(self.waiters.iter().map(|w| w.admission.limit()))
+    }
+
+    /// The oldest holder (a lock's or an election's only one).
+    pub(super) fn first(&self) -> Option<&Holder> {
+        self.holders.first()
+    }
 }
 
 #[derive(Default)]
@@ -44,60 +66,70 @@ pub(super) struct State {
 }
 
 impl State {
-    /// Drops an expired holder, then hands a free lock to the first waiter still listening.
-    /// Removes entries that hold nothing, so idle names cost no memory.
+    /// Drops expired holders, then admits waiters from the front of the queue while the policy
+    /// admits them (a waiter no longer listening is skipped). Removes entries that hold nothing,
+    /// so idle names cost no memory.
     pub(super) fn settle(&mut self, key: &str, now: Instant) {
         let Some(entry) = self.locks.get_mut(key) else {
             return;
         };
-        if entry.holder.as_ref().is_some_and(|h| h.expires <= now) {
-            entry.holder = None;
-        }
-        while entry.holder.is_none() {
+        entry.holders.retain(|h| h.expires > now);
+        while let Some(w) = entry.waiters.front() {
+            if !w.admission.admitted(entry.holders.iter().map(|h| h.limit)) {
+                break;
+            }
             let Some(w) = entry.waiters.pop_front() else {
                 break;
             };
             self.last_token += 1;
             let token = self.last_token;
             if w.tx.send((token, now)).is_ok() {
-                entry.holder = Some(Holder {
+                entry.holders.push(Holder {
                     secret: w.secret,
                     token,
                     expires: now + w.ttl,
                     value: None,
+                    limit: w.admission.limit(),
                 });
             }
         }
-        if entry.holder.is_none() && entry.waiters.is_empty() {
+        if entry.holders.is_empty() && entry.waiters.is_empty() {
             self.locks.remove(key);
         }
     }
 
-    /// Grants the lock if it is free and nobody queued before us.
+    /// Admits a new entry at once if the policy admits it behind everyone queued (holders and
+    /// waiters); `Ok(None)` when it would have to wait. A permit whose limit differs from a
+    /// queued one is refused (`name` is the lock name, for the error).
     pub(super) fn grant_now(
         &mut self,
         key: &str,
         secret: &OwnerSecret,
         ttl: Duration,
+        admission: Admission,
         now: Instant,
-    ) -> Option<u64> {
+    ) -> Result<Option<u64>> {
         self.settle(key, now);
-        if self
-            .locks
-            .get(key)
-            .is_some_and(|e| e.holder.is_some() || !e.waiters.is_empty())
-        {
-            return None;
+        if let Some(e) = self.locks.get(key) {
+            admission.check_ahead(key, e.limits())?;
+            if !admission.admitted(e.limits()) {
+                return Ok(None);
+            }
         }
         self.last_token += 1;
         let token = self.last_token;
-        self.locks.entry(key.to_string()).or_default().holder = Some(Holder {
-            secret: secret.clone(),
-            token,
-            expires: now + ttl,
-            value: None,
-        });
-        Some(token)
+        self.locks
+            .entry(key.to_string())
+            .or_default()
+            .holders
+            .push(Holder {
+                secret: secret.clone(),
+                token,
+                expires: now + ttl,
+                value: None,
+                limit: admission.limit(),
+            });
+        Ok(Some(token))
     }
 
     /// The live holder of `key` if it is `secret`'s.
@@ -109,25 +141,25 @@ impl State {
     ) -> Option<&mut Holder> {
         self.locks
             .get_mut(key)?
-            .holder
-            .as_mut()
-            .filter(|h| h.secret == *secret && h.expires > now)
+            .holders
+            .iter_mut()
+            .find(|h| h.secret == *secret && h.expires > now)
     }
 
     /// Releases `key` if `secret` holds it; returns whether it did.
     pub(super) fn release(&mut self, key: &str, secret: &OwnerSecret, now: Instant) -> bool {
         let held = self.held_by(key, secret, now).is_some();
         if held && let Some(e) = self.locks.get_mut(key) {
-            e.holder = None;
+            e.holders.retain(|h| h.secret != *secret);
             self.changes.send_modify(|n| *n += 1);
         }
         self.settle(key, now);
         held
     }
 
-    /// When the current holder of `key` expires, if any.
+    /// When the first of `key`'s holders expires, if any (a waiter's next re-check).
     pub(super) fn expiry(&self, key: &str) -> Option<Instant> {
-        self.locks.get(key)?.holder.as_ref().map(|h| h.expires)
+        self.locks.get(key)?.holders.iter().map(|h| h.expires).min()
     }
 
     /// Removes a waiter that gave up. If the store had already handed it the lock (a grant it

@@ -1,0 +1,309 @@
+//! Semaphores and read-write locks: the admission queue's other policies.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use distlock_api::{
+    Admission, Fence, LockError, LockName, RWLOCK_LOCK_PREFIX, RwLock, SEMAPHORE_LOCK_PREFIX,
+    Semaphore,
+};
+use tokio::time::{Instant, sleep, timeout};
+
+use super::{client, eventually, opts, unique};
+use crate::deployment::Deployment;
+
+async fn semaphore(d: &dyn Deployment, name: &str, permits: u32) -> Semaphore {
+    client(d)
+        .await
+        .semaphore(name, permits)
+        .expect("a valid semaphore on a backend with policies")
+        .options(opts(d))
+}
+
+async fn rwlock(d: &dyn Deployment, name: &str) -> RwLock {
+    client(d)
+        .await
+        .rwlock(name)
+        .expect("a valid read-write lock on a backend with policies")
+        .options(opts(d))
+}
+
+fn queue(prefix: &str, name: &str) -> LockName {
+    LockName::new(format!("{prefix}{name}")).expect("valid")
+}
+
+/// Waits until the server shows `n` entries (held or queued) for `name`, or panics.
+async fn entries(d: &dyn Deployment, name: &LockName, n: usize) {
+    let seen = eventually(Duration::from_secs(5), || async {
+        d.artifacts(name).await == n
+    })
+    .await;
+    assert!(seen, "{name}: {} entries, not {n}", d.artifacts(name).await);
+}
+
+/// 3N tasks on a semaphore of N, each taking a permit three times: never more than N holders
+/// at once, and N at once at some point (permits are shared, not serialised); every permit's
+/// token is distinct.
+pub async fn a_semaphore_never_admits_more_than_its_permits(d: &dyn Deployment) {
+    const N: u32 = 3;
+    let name = unique("semaphore-bound");
+    let (inside, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..3 * N {
+        let s = semaphore(d, &name, N).await;
+        let (inside, most, tokens) = (inside.clone(), most.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let permit = s.acquire(Duration::from_secs(60)).await.expect("permit");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                sleep(Duration::from_millis(30)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                tokens.lock().expect("tokens").push(permit.fencing_token());
+                assert!(
+                    permit.release().await.expect("release"),
+                    "a permit was lost"
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(most.load(Ordering::SeqCst), N as usize, "holders at once");
+    let mut tokens = std::mem::take(&mut *tokens.lock().expect("tokens"));
+    assert_eq!(tokens.len(), 9 * N as usize);
+    if tokens.iter().all(Option::is_some) {
+        tokens.sort();
+        tokens.dedup();
+        assert_eq!(tokens.len(), 9 * N as usize, "two permits shared a token");
+    }
+    entries(d, &queue(SEMAPHORE_LOCK_PREFIX, &name), 0).await;
+}
+
+/// A permit whose holder died (no renewal, no release) comes back within the TTL, to the
+/// waiter queued for it; the live holder's permit is untouched.
+pub async fn a_dead_holders_permit_returns(d: &dyn Deployment) {
+    let name = unique("semaphore-dead");
+    let key = queue(SEMAPHORE_LOCK_PREFIX, &name);
+    let (dead, cut) = d.cuttable_client().await;
+    let start = Instant::now();
+    let grant = dead
+        .acquire_admitted(&key, Admission::Permit(2), d.ttl(), None)
+        .await
+        .expect("permit");
+    // No watchdog, no release, no session keep-alive: as if the process died right here.
+    cut.cut();
+    let s = semaphore(d, &name, 2).await;
+    let live = s.try_acquire().await.expect("the second permit");
+    let limit = d.ttl() + d.expiry_slack() + Duration::from_secs(1);
+    let back = s
+        .acquire(limit * 2)
+        .await
+        .expect("the dead holder's permit");
+    let took = start.elapsed();
+    assert!(took <= limit, "returned after {took:?}, limit {limit:?}");
+    assert!(
+        took >= d.ttl().mul_f64(0.9),
+        "returned before the TTL: {took:?}"
+    );
+    assert!(back.fencing_token() > grant.token || grant.token.is_none());
+    assert!(live.lost_reason().is_none(), "the live permit was lost");
+    assert!(back.release().await.expect("release"));
+    assert!(live.release().await.expect("release"));
+    cut.restore();
+}
+
+/// Waiters that time out or are dropped leave nothing queued, and the permits they waited for
+/// go to the waiter behind them.
+pub async fn cancelled_permit_waiters_leave_nothing(d: &dyn Deployment) {
+    let name = unique("semaphore-cancel");
+    let key = queue(SEMAPHORE_LOCK_PREFIX, &name);
+    let s = semaphore(d, &name, 1).await;
+    let held = s.try_acquire().await.expect("permit");
+    let timed_out = semaphore(d, &name, 1)
+        .await
+        .acquire(Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(timed_out, Err(LockError::Timeout { ref name, .. }) if name == s.name()),
+        "{timed_out:?}"
+    );
+    let dropped = semaphore(d, &name, 1).await;
+    assert!(
+        timeout(
+            Duration::from_millis(300),
+            dropped.acquire(Duration::from_secs(60))
+        )
+        .await
+        .is_err()
+    );
+    entries(d, &key, 1).await;
+    let waiter = semaphore(d, &name, 1).await;
+    let next = tokio::spawn(async move { waiter.acquire(Duration::from_secs(30)).await });
+    entries(d, &key, 2).await;
+    assert!(held.release().await.expect("release"));
+    let next = next.await.expect("task").expect("the waiter behind them");
+    assert!(next.release().await.expect("release"));
+    entries(d, &key, 0).await;
+}
+
+/// Permit waiters are admitted in arrival order: each permit that comes back goes to the
+/// waiter that arrived first among those still waiting.
+pub async fn permits_are_granted_in_arrival_order(d: &dyn Deployment) {
+    let name = unique("semaphore-fifo");
+    let key = queue(SEMAPHORE_LOCK_PREFIX, &name);
+    let holders = semaphore(d, &name, 2).await;
+    let mut held = vec![
+        holders.try_acquire().await.expect("first"),
+        holders.try_acquire().await.expect("second"),
+    ];
+    let (tx, mut admitted) = tokio::sync::mpsc::unbounded_channel();
+    for id in 0..4 {
+        let s = semaphore(d, &name, 2).await;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let permit = s.acquire(Duration::from_secs(60)).await;
+            let _ = tx.send((id, permit));
+        });
+        // Each is queued before the next arrives.
+        entries(d, &key, 3 + id).await;
+    }
+    // One permit back at a time: exactly one waiter is admitted each time, the earliest.
+    for expected in 0..4 {
+        let oldest = held.remove(0);
+        assert!(oldest.release().await.expect("release"));
+        let (id, permit) = timeout(Duration::from_secs(10), admitted.recv())
+            .await
+            .expect("a waiter admitted")
+            .expect("channel");
+        assert_eq!(id, expected, "admitted out of arrival order");
+        held.push(permit.expect("permit"));
+    }
+    for permit in held {
+        assert!(permit.release().await.expect("release"));
+    }
+    entries(d, &key, 0).await;
+}
+
+/// A semaphore in use with N permits refuses a user asking for another number, naming both,
+/// and leaves nothing of that user queued; users agreeing on N are unaffected.
+pub async fn a_mismatched_permit_count_is_refused(d: &dyn Deployment) {
+    let name = unique("semaphore-mismatch");
+    let key = queue(SEMAPHORE_LOCK_PREFIX, &name);
+    let held = semaphore(d, &name, 2)
+        .await
+        .try_acquire()
+        .await
+        .expect("permit");
+    for (other, wait) in [(3, None), (1, Some(Duration::from_secs(1)))] {
+        let s = semaphore(d, &name, other).await;
+        let got = match wait {
+            None => s.try_acquire().await,
+            Some(t) => s.acquire(t).await,
+        };
+        assert!(
+            matches!(got, Err(LockError::LimitMismatch { ours, theirs: 2, ref name }) if ours == other && name == s.name()),
+            "{got:?}"
+        );
+        entries(d, &key, 1).await;
+    }
+    let second = semaphore(d, &name, 2)
+        .await
+        .try_acquire()
+        .await
+        .expect("same N");
+    assert!(second.release().await.expect("release"));
+    assert!(held.release().await.expect("release"));
+    assert!(matches!(
+        client(d).await.semaphore(&name, 0),
+        Err(LockError::InvalidConfig { ref key, .. }) if key == "permits"
+    ));
+}
+
+/// Readers hold together; a writer is refused while they do, and holds alone; write tokens
+/// are above every earlier lease's.
+pub async fn readers_share_and_a_writer_excludes(d: &dyn Deployment) {
+    let name = unique("rwlock-share");
+    let fence = Fence::new();
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let r = rwlock(d, &name).await;
+        readers.push(r.try_read().await.expect("readers share"));
+    }
+    let w = rwlock(d, &name).await;
+    assert!(matches!(w.try_write().await, Err(LockError::Busy { .. })));
+    let mut highest = None;
+    for r in readers {
+        highest = highest.max(r.fencing_token());
+        assert!(r.release().await.expect("release"));
+    }
+    for _ in 0..2 {
+        let write = w.write(Duration::from_secs(10)).await.expect("write");
+        if let Some(t) = write.fencing_token() {
+            fence.check(t).expect("write tokens strictly increase");
+            assert!(Some(t) > highest, "a write token below an earlier read's");
+            highest = Some(t);
+        }
+        let other = rwlock(d, &name).await;
+        assert!(matches!(
+            other.try_read().await,
+            Err(LockError::Busy { .. })
+        ));
+        assert!(matches!(
+            other.try_write().await,
+            Err(LockError::Busy { .. })
+        ));
+        assert!(write.release().await.expect("release"));
+    }
+    entries(d, &queue(RWLOCK_LOCK_PREFIX, &name), 0).await;
+}
+
+/// A writer waiting behind a reader is admitted before readers that arrive after it (they are
+/// refused a try and queue behind it), and those readers are admitted together once it leaves.
+pub async fn a_waiting_writer_is_not_starved_by_later_readers(d: &dyn Deployment) {
+    let name = unique("rwlock-starve");
+    let key = queue(RWLOCK_LOCK_PREFIX, &name);
+    let first = rwlock(d, &name).await.try_read().await.expect("read");
+    let w = rwlock(d, &name).await;
+    let writer = tokio::spawn(async move { w.write(Duration::from_secs(60)).await });
+    entries(d, &key, 2).await;
+    let late = rwlock(d, &name).await;
+    assert!(
+        matches!(late.try_read().await, Err(LockError::Busy { .. })),
+        "a reader passed a waiting writer"
+    );
+    let mut later = Vec::new();
+    for _ in 0..2 {
+        let r = rwlock(d, &name).await;
+        later.push(tokio::spawn(async move {
+            r.read(Duration::from_secs(60)).await
+        }));
+    }
+    entries(d, &key, 4).await;
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        later.iter().all(|t| !t.is_finished()),
+        "a reader passed the writer"
+    );
+    assert!(first.release().await.expect("release"));
+    let write = writer.await.expect("task").expect("the writer, next");
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        later.iter().all(|t| !t.is_finished()),
+        "a reader beside the writer"
+    );
+    let write_token = write.fencing_token();
+    assert!(write.release().await.expect("release"));
+    let mut reads = Vec::new();
+    for t in later {
+        reads.push(t.await.expect("task").expect("readers after the writer"));
+    }
+    for r in reads {
+        assert!(r.fencing_token() > write_token || write_token.is_none());
+        assert!(r.release().await.expect("release"));
+    }
+    entries(d, &key, 0).await;
+}
