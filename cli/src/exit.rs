@@ -9,7 +9,8 @@ pub const UNAVAILABLE: u8 = 69;
 pub const BUSY: u8 = 75;
 /// The lock was lost while the command ran: it was terminated. No sysexits code fits.
 pub const LOST: u8 = 76;
-/// The configuration or the backend URL is invalid (EX_CONFIG).
+/// The configuration or the backend URL is invalid, or `--limit` differs from the one the
+/// name's other users give (EX_CONFIG).
 pub const CONFIG: u8 = 78;
 
 /// What a shell reports for a process ended by `signal`.
@@ -22,7 +23,10 @@ pub fn for_error(e: &distlock::LockError) -> u8 {
     use distlock::LockError as E;
     match e {
         E::Busy { .. } | E::Timeout { .. } => BUSY,
-        E::InvalidName { .. } | E::InvalidConfig { .. } | E::Unsupported { .. } => CONFIG,
+        E::InvalidName { .. }
+        | E::InvalidConfig { .. }
+        | E::Unsupported { .. }
+        | E::LimitMismatch { .. } => CONFIG,
         E::Lost { .. } | E::NotHeld { .. } => LOST,
         _ => UNAVAILABLE,
     }

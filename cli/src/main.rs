@@ -76,6 +76,10 @@ struct RunArgs {
     /// Fail at once (exit 75) if the lock is held.
     #[arg(long)]
     no_wait: bool,
+    /// Let at most N commands run at once under this name (a semaphore of N permits; every
+    /// user of the name must give the same N).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    limit: Option<u32>,
     /// After the lock is lost, how long the command has between SIGTERM and SIGKILL.
     #[arg(long, value_parser = duration, default_value = "10s")]
     kill_after: Duration,

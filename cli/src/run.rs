@@ -1,5 +1,5 @@
-//! `distlock run`: the command starts only once the lock is held, in a process group of its
-//! own; it is terminated (SIGTERM, then SIGKILL after `--kill-after`) when the lock is lost;
+//! `distlock run`: the command starts only once the lock (or with `--limit N`, one of N
+//! permits) is held, in a process group of its own; it is terminated (SIGTERM, then SIGKILL after `--kill-after`) when the lock is lost;
 //! signals sent to `distlock` go to it; a signal while still waiting ends the wait with nothing
 //! left queued. The lock is released when the command ends.
 
@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
-use distlock::{Lease, Locks};
+use distlock::{AcquireOptions, Lease, Locks};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -66,20 +66,7 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
             return ExitCode::from(exit::UNAVAILABLE);
         }
     };
-    let mut call = match grade(args.correctness) {
-        distlock::Guarantee::Efficiency => locks.efficiency(&args.name),
-        distlock::Guarantee::Correctness => locks.correctness(&args.name),
-    };
-    if let Some(ttl) = args.ttl {
-        call = call.ttl(ttl);
-    }
-    let acquire = async {
-        if args.no_wait {
-            call.try_now().await
-        } else {
-            call.wait(args.wait.unwrap_or(FOREVER)).await
-        }
-    };
+    let acquire = acquire(locks, &args);
     let notice = async {
         tokio::time::sleep(NOTICE_AFTER).await;
         if std::io::stderr().is_terminal() {
@@ -142,6 +129,33 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
             }
             sig = signals.next() => kill(sig),
         }
+    }
+}
+
+/// Takes the lock, or with `--limit N` one of N permits, as the options say.
+async fn acquire(locks: &Locks, args: &RunArgs) -> distlock::Result<Lease> {
+    let wait = (!args.no_wait).then(|| args.wait.unwrap_or(FOREVER));
+    let Some(permits) = args.limit else {
+        let mut call = match grade(args.correctness) {
+            distlock::Guarantee::Efficiency => locks.efficiency(&args.name),
+            distlock::Guarantee::Correctness => locks.correctness(&args.name),
+        };
+        if let Some(ttl) = args.ttl {
+            call = call.ttl(ttl);
+        }
+        return match wait {
+            None => call.try_now().await,
+            Some(w) => call.wait(w).await,
+        };
+    };
+    let mut semaphore = locks.semaphore(&args.name, permits, grade(args.correctness))?;
+    if let Some(ttl) = args.ttl {
+        let opts = semaphore.lease_options().clone();
+        semaphore = semaphore.options(AcquireOptions { ttl, ..opts });
+    }
+    match wait {
+        None => semaphore.try_acquire().await,
+        Some(w) => semaphore.acquire(w).await,
     }
 }
 

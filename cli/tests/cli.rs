@@ -126,6 +126,55 @@ async fn runs_on_one_name_never_overlap() {
     }
 }
 
+/// Four `distlock run --limit 2` on one name: two commands at a time, never three (each logs
+/// start and end around a sleep); a run giving another limit is refused with 78.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_with_a_limit_share_it_and_never_exceed_it() {
+    let s = servers().await;
+    for url in urls(&s, direct) {
+        let dir = TempDir::new("cli").expect("dir");
+        let log = dir.path().join("log");
+        let name = unique("limit");
+        let script = format!(
+            "echo start >> {0}; sleep 0.5; echo end >> {0}",
+            log.display()
+        );
+        let run = |limit: &str, command: &[&str]| {
+            distlock(&url)
+                .args(["run", &name, "--ttl", "2s", "--limit", limit, "--"])
+                .args(command)
+                .spawn()
+                .expect("spawn")
+        };
+        let runs: Vec<_> = (0..4).map(|_| run("2", &["sh", "-c", &script])).collect();
+        let started = eventually(Duration::from_secs(10), async || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.contains("start"))
+        })
+        .await;
+        assert!(started, "{url}: nothing started");
+        let other = run("3", &["true"]).wait().await.expect("wait");
+        assert_eq!(
+            other.code(),
+            Some(78),
+            "{url}: another limit was not refused"
+        );
+        for mut r in runs {
+            assert_eq!(r.wait().await.expect("wait").code(), Some(0), "{url}");
+        }
+        let text = std::fs::read_to_string(&log).expect("log");
+        let (mut running, mut most) = (0, 0);
+        for line in text.lines() {
+            running += if line == "start" { 1 } else { -1 };
+            most = most.max(running);
+        }
+        assert_eq!(text.lines().count(), 8, "{url}: {text}");
+        assert_eq!(
+            most, 2,
+            "{url}: at most two at once, and two at some point: {text}"
+        );
+    }
+}
+
 /// The command sees the lock in its environment, with the holder's token as `status` reads it
 /// from the server; a second run with `--no-wait` exits 75 at once; bad input has its own codes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use distlock_api::{
     AcquireOptions, Election, Guarantee, Held, Lease, LockBackend, LockClient, LockError, Owner,
-    Ran,
+    Ran, RwLock, Semaphore,
 };
 
 use crate::config::{Config, OptionValue};
@@ -231,11 +231,67 @@ impl Locks {
     /// # Ok(()) }
     /// ```
     pub fn election(&self, name: &str, grade: Guarantee) -> Result<Election, LockError> {
-        let call = match grade {
+        let call = self.graded(name, grade);
+        Ok(call.client()?.election(name)?.options(call.opts))
+    }
+
+    /// The semaphore `name` with `permits` permits on the profile of `grade`, with the lease
+    /// defaults of the configuration: at most `permits` holders at once across every replica.
+    ///
+    /// # Errors
+    /// `Unsupported` for a correctness semaphore without a correctness profile, or on a backend
+    /// whose queue admits locks only (Redlock); `InvalidConfig` for 0 permits; `InvalidName`.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::Guarantee;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = distlock::Locks::load(None).await?;
+    /// let exports = locks.semaphore("exports", 4, Guarantee::Efficiency)?;
+    /// let permit = exports.acquire(Duration::from_secs(5)).await?; // one of at most 4
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(
+        &self,
+        name: &str,
+        permits: u32,
+        grade: Guarantee,
+    ) -> Result<Semaphore, LockError> {
+        let call = self.graded(name, grade);
+        Ok(call.client()?.semaphore(name, permits)?.options(call.opts))
+    }
+
+    /// The read-write lock `name` on the profile of `grade`, with the lease defaults of the
+    /// configuration: many readers or one writer; a waiting writer goes before later readers.
+    ///
+    /// # Errors
+    /// As [`Locks::semaphore`], but for permits.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::Guarantee;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = distlock::Locks::load(None).await?;
+    /// let table = locks.rwlock("routing-table", Guarantee::Correctness)?;
+    /// let write = table.write(Duration::from_secs(5)).await?;
+    /// let token = write.fencing_token().expect("correctness leases are fenced");
+    /// # let _ = token;
+    /// write.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn rwlock(&self, name: &str, grade: Guarantee) -> Result<RwLock, LockError> {
+        let call = self.graded(name, grade);
+        Ok(call.client()?.rwlock(name)?.options(call.opts))
+    }
+
+    fn graded(&self, name: &str, grade: Guarantee) -> Acquire<'_> {
+        match grade {
             Guarantee::Efficiency => self.efficiency(name),
             Guarantee::Correctness => self.correctness(name),
-        };
-        Ok(call.client()?.election(name)?.options(call.opts))
+        }
     }
 
     /// The client of the profile serving `grade` (to inspect locks, or to use the contract
@@ -244,10 +300,7 @@ impl Locks {
     /// # Errors
     /// `Unsupported` for `Correctness` without a correctness profile.
     pub fn client(&self, grade: Guarantee) -> Result<LockClient, LockError> {
-        match grade {
-            Guarantee::Efficiency => self.efficiency("").client().cloned(),
-            Guarantee::Correctness => self.correctness("").client().cloned(),
-        }
+        self.graded("", grade).client().cloned()
     }
 
     /// The backend name serving each profile: (efficiency, correctness).
