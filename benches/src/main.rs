@@ -13,6 +13,7 @@
 
 mod election;
 mod handover;
+mod primitives;
 mod report;
 mod rtt;
 mod scale;
@@ -26,10 +27,10 @@ use distlock::LockBackend;
 use distlock_conformance::harness::{EtcdCluster, RedisMasters, RedisServer, ZkEnsemble};
 
 use crate::handover::{Waiter, handover};
-use crate::report::{Election, Handover, Report, Scale, Uncontended};
+use crate::report::{Election, Handover, Primitives, Report, Scale, Uncontended};
 use crate::rtt::Ping;
 use crate::scale::Counter;
-use crate::stats::median;
+use crate::stats::{Stats, median};
 use crate::uncontended::{Pair, Peer, interleaved};
 
 /// How much of everything to run.
@@ -48,6 +49,11 @@ struct Size {
 
 /// Candidates of the election run (a control plane's replica count).
 const CANDIDATES: usize = 3;
+
+/// The semaphore run: this many contenders on a semaphore of `PERMITS`; the read-write mix
+/// runs as many clients.
+const CONTENDERS: usize = 16;
+const PERMITS: u32 = 4;
 
 const FULL: Size = Size {
     rounds: 5,
@@ -230,6 +236,7 @@ async fn main() {
         uncontended: Vec::new(),
         handover: Vec::new(),
         elections: Vec::new(),
+        primitives: Vec::new(),
         scale: Vec::new(),
     };
 
@@ -328,6 +335,50 @@ async fn main() {
                 lock: median(&locks),
                 leader: median(&leaders.iter().map(|e| e.handover).collect::<Vec<_>>()),
                 observed: median(&leaders.iter().map(|e| e.observed).collect::<Vec<_>>()),
+            });
+        }
+
+        // Redlock keeps no queue all nodes share: no semaphores or read-write locks there.
+        if t.label != "redlock x3" {
+            let (mut locks, mut permits, mut mixes) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..size.rounds {
+                let grants = size.grants / t.slow;
+                let mut waiters = Vec::new();
+                for _ in 0..CONTENDERS {
+                    waiters.push(Waiter::ours(connect(&t.url).await));
+                }
+                locks.push(handover(waiters, "bench/lock-16", grants, size.budget).await);
+                let mut clients = Vec::new();
+                for _ in 0..CONTENDERS {
+                    clients.push(connect(&t.url).await);
+                }
+                permits.push(
+                    primitives::semaphore(clients, "bench", PERMITS, grants, size.budget).await,
+                );
+                let mut clients = Vec::new();
+                for _ in 0..CONTENDERS {
+                    clients.push(connect(&t.url).await);
+                }
+                mixes.push(primitives::read_write(clients, "bench", grants, size.budget).await);
+            }
+            report.primitives.push(Primitives {
+                backend: t.label.to_string(),
+                clients: CONTENDERS,
+                permits: PERMITS,
+                lock: median(&locks),
+                semaphore: median(&permits),
+                mix_per_sec: median(
+                    &mixes
+                        .iter()
+                        .map(|m| Stats {
+                            per_sec: m.per_sec,
+                            ..Stats::default()
+                        })
+                        .collect::<Vec<_>>(),
+                )
+                .per_sec,
+                read: median(&mixes.iter().map(|m| m.read).collect::<Vec<_>>()),
+                write: median(&mixes.iter().map(|m| m.write).collect::<Vec<_>>()),
             });
         }
 
