@@ -502,9 +502,10 @@ impl EtcdBackend {
         })
     }
 
-    /// Waits until no key of `prefix` created before `my_rev` is left, and returns whether our
-    /// key (`key`) and our session are still alive then (etcd #11456: never grant a lock whose
-    /// waiter's lease died while it waited).
+    /// Waits until the policy admits our key (`key`, created at `my_rev`; for an exclusive entry:
+    /// until no key of `prefix` created before it is left), and returns whether our key and our
+    /// session are still alive then (etcd #11456: never grant a lock whose waiter's lease died
+    /// while it waited).
     ///
     /// Only events after the revision a view was read at change it, and a watch reports every
     /// event after its start, in order: so within [`NEAR`] of the head the waiter applies the

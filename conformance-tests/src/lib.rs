@@ -157,6 +157,7 @@ macro_rules! for_each_scenario {
             cancelled_campaigns_leave_nothing_and_callbacks_hand_over: [Need::MonotonicFencing],
             a_semaphore_never_admits_more_than_its_permits: [Need::Policies],
             a_dead_holders_permit_returns: [Need::Policies],
+            a_killed_holder_process_returns_its_permit: [Need::Policies, Need::ServerProcess],
             cancelled_permit_waiters_leave_nothing: [Need::Policies],
             permits_are_granted_in_arrival_order: [Need::Policies, Need::Fifo],
             a_mismatched_permit_count_is_refused: [Need::Policies],

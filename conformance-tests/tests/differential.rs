@@ -1,7 +1,9 @@
 //! Differential test against the reference model: generated sequences of operations by several
 //! clients on a few names run on the in-memory backend and on each real deployment, and every
 //! observable outcome must agree (granted / busy / timeout / released or not / renewed / lost),
-//! with tokens strictly increasing per name wherever the backend hands them out.
+//! with tokens strictly increasing per name wherever the backend hands them out. Where the
+//! deployment has queue policies, name 1 is a semaphore of 2 and name 2 a read-write lock
+//! (clients 0 and 1 read, client 2 writes); elsewhere every name is a lock.
 //!
 //! Every step is timed with margins that make it deterministic on a loaded machine: waits are
 //! short against a lease that never expires during a sequence, and a cancelled waiter is given
@@ -19,7 +21,88 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 const CLIENTS: usize = 3;
-const NAMES: usize = 2;
+const NAMES: usize = 3;
+/// The semaphore's permits (name 1).
+const PERMITS: u32 = 2;
+/// The read-write lock's writer (name 2); the other clients read.
+const WRITER: usize = 2;
+
+/// What a name is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Lock,
+    Semaphore,
+    ReadWrite,
+}
+
+fn kind(name: usize, policies: bool) -> Kind {
+    match name {
+        1 if policies => Kind::Semaphore,
+        2 if policies => Kind::ReadWrite,
+        _ => Kind::Lock,
+    }
+}
+
+/// Takes `client`'s lease of `kind` on `name` (with `wait`, or a try).
+async fn take(
+    c: &LockClient,
+    kind: Kind,
+    client: usize,
+    name: &str,
+    o: &AcquireOptions,
+    wait: Option<Duration>,
+) -> distlock::Result<Lease> {
+    match kind {
+        Kind::Lock => match wait {
+            None => c.try_acquire(name, o).await,
+            Some(w) => c.acquire(name, o, w).await,
+        },
+        Kind::Semaphore => {
+            let s = c.semaphore(name, PERMITS)?.options(o.clone());
+            match wait {
+                None => s.try_acquire().await,
+                Some(w) => s.acquire(w).await,
+            }
+        }
+        Kind::ReadWrite => {
+            let rw = c.rwlock(name)?.options(o.clone());
+            match (client == WRITER, wait) {
+                (true, None) => rw.try_write().await,
+                (true, Some(w)) => rw.write(w).await,
+                (false, None) => rw.try_read().await,
+                (false, Some(w)) => rw.read(w).await,
+            }
+        }
+    }
+}
+
+/// Whether `client` would wait for `name`, which holds `held` (live leases, re-entered holds
+/// counted once).
+fn blocked(
+    held: &BTreeMap<(usize, usize), Vec<Lease>>,
+    kind: Kind,
+    client: usize,
+    name: usize,
+) -> bool {
+    let mut tokens: Vec<(usize, Option<FencingToken>)> = held
+        .iter()
+        .filter(|((_, n), _)| *n == name)
+        .flat_map(|((c, _), l)| {
+            l.iter()
+                .filter(|lease| lease.lost_reason().is_none())
+                .map(move |lease| (*c, lease.fencing_token()))
+        })
+        .collect();
+    tokens.sort();
+    tokens.dedup();
+    let others = tokens.iter().filter(|(c, _)| *c != client).count();
+    match kind {
+        Kind::Lock => others > 0,
+        Kind::Semaphore => tokens.len() >= PERMITS as usize,
+        Kind::ReadWrite if client == WRITER => others > 0,
+        Kind::ReadWrite => tokens.iter().any(|(c, _)| *c == WRITER),
+    }
+}
 /// How long a waiting acquire waits for a lock someone else holds: it times out.
 const WAIT: Duration = Duration::from_millis(250);
 /// How long a cancelled waiter gets to leave the queue before the next step.
@@ -92,8 +175,9 @@ enum Seen {
     Expired,
 }
 
-/// Runs `ops` on `d`; returns what each step showed, or the first error nobody expects.
-async fn run(d: &dyn Deployment, ops: &[Op]) -> Result<Vec<Seen>, String> {
+/// Runs `ops` on `d`, with semaphores and read-write locks if `policies`; returns what each step
+/// showed, or the first error nobody expects.
+async fn run(d: &dyn Deployment, ops: &[Op], policies: bool) -> Result<Vec<Seen>, String> {
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
         clients.push((LockClient::new(d.client().await), Owner::new()));
@@ -117,10 +201,11 @@ async fn run(d: &dyn Deployment, ops: &[Op]) -> Result<Vec<Seen>, String> {
                     Op::Reenter { .. } => opts.clone().owner(owner),
                     _ => opts.clone(),
                 };
-                let got = match op {
-                    Op::TryAcquire { .. } => c.try_acquire(&names[name], &o).await,
-                    _ => c.acquire(&names[name], &o, WAIT).await,
+                let wait = match op {
+                    Op::TryAcquire { .. } => None,
+                    _ => Some(WAIT),
                 };
+                let got = take(c, kind(name, policies), client, &names[name], &o, wait).await;
                 match got {
                     Ok(lease) => {
                         let reentered = held
@@ -179,7 +264,8 @@ async fn run(d: &dyn Deployment, ops: &[Op]) -> Result<Vec<Seen>, String> {
             },
             Op::Expire { client, name } => {
                 let o = AcquireOptions::with_ttl(d.ttl()).fixed();
-                match clients[client].0.try_acquire(&names[name], &o).await {
+                let c = &clients[client].0;
+                match take(c, kind(name, policies), client, &names[name], &o, None).await {
                     Ok(lease) => {
                         if let Some(t) = lease.fencing_token() {
                             if last_token.get(&name).is_some_and(|prev| t <= *prev) {
@@ -201,20 +287,15 @@ async fn run(d: &dyn Deployment, ops: &[Op]) -> Result<Vec<Seen>, String> {
                 }
             }
             Op::Cancel { client, name } => {
-                let taken_by_another = held.iter().any(|((c, n), l)| {
-                    *n == name
-                        && *c != client
-                        && l.iter().any(|lease| lease.lost_reason().is_none())
-                });
-                if !taken_by_another {
+                let k = kind(name, policies);
+                if !blocked(&held, k, client, name) {
                     Seen::Nothing
                 } else {
                     let c = clients[client].0.clone();
                     let (n, o) = (names[name].clone(), opts.clone());
-                    let waiter =
-                        tokio::spawn(
-                            async move { c.acquire(&n, &o, Duration::from_secs(30)).await },
-                        );
+                    let waiter = tokio::spawn(async move {
+                        take(&c, k, client, &n, &o, Some(Duration::from_secs(30))).await
+                    });
                     tokio::time::sleep(Duration::from_millis(60)).await;
                     waiter.abort();
                     if let Ok(Ok(_)) = waiter.await {
@@ -250,8 +331,9 @@ fn replay(factory: Factory, ops: &[Op]) {
     let rt = runtime();
     let model = rt.block_on((deployments::memory::FACTORY.shared)());
     let real = rt.block_on((factory.shared)());
-    let expected = rt.block_on(run(&*model, ops)).expect("the model");
-    assert_eq!(rt.block_on(run(&*real, ops)), Ok(expected));
+    let policies = real.capabilities().policies;
+    let expected = rt.block_on(run(&*model, ops, policies)).expect("the model");
+    assert_eq!(rt.block_on(run(&*real, ops, policies)), Ok(expected));
 }
 
 /// Runs generated sequences on the memory model and on `factory`'s shared deployment; `path`
@@ -270,12 +352,13 @@ fn agree_with_the_model(factory: Factory, path: &str) {
         max_shrink_iters: 64,
         ..Config::default()
     });
+    let policies = real.capabilities().policies;
     let outcome = runner.run(&ops(), |ops| {
         let expected = rt
-            .block_on(run(&*model, &ops))
+            .block_on(run(&*model, &ops, policies))
             .map_err(|e| TestCaseError::fail(format!("the model itself: {e}")))?;
         let got = rt
-            .block_on(run(&*real, &ops))
+            .block_on(run(&*real, &ops, policies))
             .map_err(TestCaseError::fail)?;
         prop_assert_eq!(&got, &expected, "{} against the model", factory.label);
         Ok(())

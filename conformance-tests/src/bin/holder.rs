@@ -5,7 +5,8 @@
 //! * `LOST <reason>` when its lost signal fires;
 //! * `WRITE <n>` every 50 ms: the write it would make to the protected resource with its token.
 //!
-//! Usage: `distlock-holder <url> <lock name> <ttl ms>`.
+//! Usage: `distlock-holder <url> <lock name> <ttl ms> [<permits>]`; with `<permits>`, it takes
+//! a permit of the semaphore of that name and that many permits instead of the lock.
 
 use std::io::Write;
 use std::time::Duration;
@@ -26,7 +27,7 @@ async fn main() {
         args.get(2),
         args.get(3).and_then(|t| t.parse::<u64>().ok()),
     ) else {
-        eprintln!("usage: distlock-holder <url> <lock name> <ttl ms>");
+        eprintln!("usage: distlock-holder <url> <lock name> <ttl ms> [<permits>]");
         std::process::exit(2);
     };
     let backend = match distlock::connect(url).await {
@@ -38,7 +39,16 @@ async fn main() {
     };
     let locks = LockClient::new(backend);
     let opts = AcquireOptions::with_ttl(Duration::from_millis(ttl));
-    let lease = match locks.acquire(name, &opts, Duration::from_secs(30)).await {
+    let wait = Duration::from_secs(30);
+    let permits = args.get(4).and_then(|p| p.parse::<u32>().ok());
+    let acquired = match permits {
+        None => locks.acquire(name, &opts, wait).await,
+        Some(n) => match locks.semaphore(name, n) {
+            Ok(s) => s.options(opts).acquire(wait).await,
+            Err(e) => Err(e),
+        },
+    };
+    let lease = match acquired {
         Ok(l) => l,
         Err(e) => {
             eprintln!("{e}");

@@ -42,8 +42,28 @@ pub fn holder_binary() -> Result<PathBuf, HarnessError> {
 impl HolderProcess {
     /// Starts the holder on `url` for lock `name` with `ttl`.
     pub fn start(url: &str, name: &str, ttl: Duration) -> Result<Self, HarnessError> {
+        Self::start_with(url, name, ttl, None)
+    }
+
+    /// Starts the holder on `url` for a permit of the semaphore `name` of `permits`, with `ttl`.
+    pub fn start_permit(
+        url: &str,
+        name: &str,
+        ttl: Duration,
+        permits: u32,
+    ) -> Result<Self, HarnessError> {
+        Self::start_with(url, name, ttl, Some(permits))
+    }
+
+    fn start_with(
+        url: &str,
+        name: &str,
+        ttl: Duration,
+        permits: Option<u32>,
+    ) -> Result<Self, HarnessError> {
         let mut cmd = Command::new(holder_binary()?);
         cmd.args([url, name, &ttl.as_millis().to_string()])
+            .args(permits.map(|n| n.to_string()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

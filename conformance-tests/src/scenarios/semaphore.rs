@@ -12,6 +12,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::{client, eventually, opts, unique};
 use crate::deployment::Deployment;
+use crate::harness::HolderProcess;
 
 async fn semaphore(d: &dyn Deployment, name: &str, permits: u32) -> Semaphore {
     client(d)
@@ -114,6 +115,37 @@ pub async fn a_dead_holders_permit_returns(d: &dyn Deployment) {
     assert!(back.release().await.expect("release"));
     assert!(live.release().await.expect("release"));
     cut.restore();
+}
+
+/// A permit holder process killed (SIGKILL: no release, no renewal, its session left to
+/// expire) gives its permit back within the TTL, to the waiter queued for it.
+pub async fn a_killed_holder_process_returns_its_permit(d: &dyn Deployment) {
+    let name = unique("semaphore-sigkill");
+    let url = d
+        .url()
+        .expect("gated on a deployment other processes can reach");
+    let holder = tokio::task::block_in_place(|| {
+        let h =
+            HolderProcess::start_permit(&url, &name, d.ttl(), 1).unwrap_or_else(|e| panic!("{e}"));
+        h.next_line("TOKEN ", Duration::from_secs(30))
+            .expect("the holder process never reported its token");
+        h
+    });
+    let s = semaphore(d, &name, 1).await;
+    assert!(matches!(s.try_acquire().await, Err(LockError::Busy { .. })));
+    let killed = Instant::now();
+    holder.kill();
+    let limit = d.ttl() + d.expiry_slack() + Duration::from_secs(1);
+    let permit = s
+        .acquire(limit * 2)
+        .await
+        .expect("the killed holder's permit");
+    let took = killed.elapsed();
+    assert!(
+        took <= limit,
+        "returned {took:?} after the kill, limit {limit:?}"
+    );
+    assert!(permit.release().await.expect("release"));
 }
 
 /// Waiters that time out or are dropped leave nothing queued, and the permits they waited for
