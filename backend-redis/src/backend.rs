@@ -435,54 +435,49 @@ impl RedisBackend {
         let mut conn = self.conn.clone();
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let hex = secret.expose_hex_bytes();
-        let script = match ask {
-            Ask::Fenced { waiting } => Some((waiting, WAITER_TTL, false)),
-            Ask::Arbiter { waiter_ttl } => Some((true, waiter_ttl, true)),
-            Ask::Plain | Ask::Admitted { .. } => None,
+        // The acquire script's waiting flag, waiter TTL and arbiter flag.
+        let acquire = |waiting: bool, waiter_ttl: Duration, arbiter: bool| {
+            let mut call = Call::new(&scripts::ACQUIRE, 4);
+            call.arg(&keys.lock)
+                .arg(keys.fence())
+                .arg(keys.queue())
+                .arg(keys.alive())
+                .arg(&hex[..])
+                .arg(ttl_ms)
+                .arg(u8::from(waiting))
+                .arg(waiter_ttl.as_millis() as u64)
+                .arg(keys.turn())
+                .arg(u8::from(arbiter));
+            call
         };
-        let outcome: Result<(i64, i64)> = match (script, ask) {
-            (_, Ask::Admitted { admission, waiting }) => {
-                let policy = match admission {
-                    Admission::Exclusive => "x",
-                    Admission::Permit(_) => "p",
-                    Admission::Shared => "s",
-                };
-                self.run(
-                    Call::new(&scripts::ADMIT, 5)
-                        .arg(&keys.lock)
-                        .arg(keys.shared())
-                        .arg(keys.fence())
-                        .arg(keys.queue())
-                        .arg(keys.alive())
-                        .arg(&hex[..])
-                        .arg(ttl_ms)
-                        .arg(u8::from(waiting))
-                        .arg(WAITER_TTL.as_millis() as u64)
-                        .arg(keys.turn())
-                        .arg(admission.limit())
-                        .arg(policy),
-                    &mut conn,
-                )
-                .await
+        let call = match ask {
+            Ask::Fenced { waiting } => Some(acquire(waiting, WAITER_TTL, false)),
+            Ask::Arbiter { waiter_ttl } => Some(acquire(true, waiter_ttl, true)),
+            Ask::Admitted { admission, waiting } => {
+                let mut call = Call::new(&scripts::ADMIT, 5);
+                call.arg(&keys.lock)
+                    .arg(keys.shared())
+                    .arg(keys.fence())
+                    .arg(keys.queue())
+                    .arg(keys.alive())
+                    .arg(&hex[..])
+                    .arg(ttl_ms)
+                    .arg(u8::from(waiting))
+                    .arg(WAITER_TTL.as_millis() as u64)
+                    .arg(keys.turn())
+                    .arg(admission.limit())
+                    .arg(match admission {
+                        Admission::Exclusive => "x",
+                        Admission::Permit(_) => "p",
+                        Admission::Shared => "s",
+                    });
+                Some(call)
             }
-            (Some((waiting, waiter_ttl, arbiter)), _) => {
-                self.run(
-                    Call::new(&scripts::ACQUIRE, 4)
-                        .arg(&keys.lock)
-                        .arg(keys.fence())
-                        .arg(keys.queue())
-                        .arg(keys.alive())
-                        .arg(&hex[..])
-                        .arg(ttl_ms)
-                        .arg(u8::from(waiting))
-                        .arg(waiter_ttl.as_millis() as u64)
-                        .arg(keys.turn())
-                        .arg(u8::from(arbiter)),
-                    &mut conn,
-                )
-                .await
-            }
-            (None, _) => {
+            Ask::Plain => None,
+        };
+        let outcome: Result<(i64, i64)> = match call {
+            Some(call) => self.run(&call, &mut conn).await,
+            None => {
                 // `<secret>:0`: the lock value layout (see `scripts`), with no token.
                 let mut value = [b':'; 34];
                 value[..32].copy_from_slice(&hex);
