@@ -274,8 +274,10 @@ async fn throughput_comes_back_after_a_member_returns() {
         during > before / 4,
         "the client stalled while a member was down: {during} vs {before}"
     );
+    // The defect this guards halved the throughput for good; a 3 s window on a loaded 2-core
+    // machine varies by a fifth (seen: 767 after 992 before, with the balancer fixed).
     assert!(
-        after * 10 >= before * 8,
+        after * 3 >= before * 2,
         "throughput did not come back: {after} after, {before} before"
     );
 }
