@@ -435,42 +435,42 @@ impl RedisBackend {
         let mut conn = self.conn.clone();
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let hex = secret.expose_hex_bytes();
-        // The acquire script's waiting flag, waiter TTL and arbiter flag.
-        let acquire = |waiting: bool, waiter_ttl: Duration, arbiter: bool| {
-            let mut call = Call::new(&scripts::ACQUIRE, 4);
+        // The queue scripts share their keys (lock, fence, queue, alive; `ADMIT` adds the shared
+        // hash) and their first arguments (see `scripts`).
+        let queue_call = |lua, shared: bool, waiting: bool, waiter_ttl: Duration| {
+            let mut call = Call::new(lua, 4 + usize::from(shared));
             call.arg(&keys.lock)
                 .arg(keys.fence())
                 .arg(keys.queue())
-                .arg(keys.alive())
-                .arg(&hex[..])
+                .arg(keys.alive());
+            if shared {
+                call.arg(keys.shared());
+            }
+            call.arg(&hex[..])
                 .arg(ttl_ms)
                 .arg(u8::from(waiting))
                 .arg(waiter_ttl.as_millis() as u64)
-                .arg(keys.turn())
-                .arg(u8::from(arbiter));
+                .arg(keys.turn());
             call
         };
         let call = match ask {
-            Ask::Fenced { waiting } => Some(acquire(waiting, WAITER_TTL, false)),
-            Ask::Arbiter { waiter_ttl } => Some(acquire(true, waiter_ttl, true)),
+            Ask::Fenced { waiting } => {
+                let mut call = queue_call(&scripts::ACQUIRE, false, waiting, WAITER_TTL);
+                call.arg(0u8);
+                Some(call)
+            }
+            Ask::Arbiter { waiter_ttl } => {
+                let mut call = queue_call(&scripts::ACQUIRE, false, true, waiter_ttl);
+                call.arg(1u8);
+                Some(call)
+            }
             Ask::Admitted { admission, waiting } => {
-                let mut call = Call::new(&scripts::ADMIT, 5);
-                call.arg(&keys.lock)
-                    .arg(keys.shared())
-                    .arg(keys.fence())
-                    .arg(keys.queue())
-                    .arg(keys.alive())
-                    .arg(&hex[..])
-                    .arg(ttl_ms)
-                    .arg(u8::from(waiting))
-                    .arg(WAITER_TTL.as_millis() as u64)
-                    .arg(keys.turn())
-                    .arg(admission.limit())
-                    .arg(match admission {
-                        Admission::Exclusive => "x",
-                        Admission::Permit(_) => "p",
-                        Admission::Shared => "s",
-                    });
+                let mut call = queue_call(&scripts::ADMIT, true, waiting, WAITER_TTL);
+                call.arg(admission.limit()).arg(match admission {
+                    Admission::Exclusive => "x",
+                    Admission::Permit(_) => "p",
+                    Admission::Shared => "s",
+                });
                 Some(call)
             }
             Ask::Plain => None,
@@ -899,7 +899,7 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         let keys = self.keys(&key.name);
-        if key.resource != keys.lock && key.resource == keys.shared().to_string() {
+        if keys.is_shared(&key.resource) {
             return self.release_shared(&keys, &key.secret, Sent::Hash).await;
         }
         self.release_keys(&keys, &key.secret, Sent::Hash).await

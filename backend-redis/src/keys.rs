@@ -81,6 +81,16 @@ impl LockKeys {
         self.key("shared:", true)
     }
 
+    /// Whether `resource` is the shared hash's key (a permit's or a reader's grant), compared
+    /// piece by piece: every release asks, and a lock's must not build a string for it.
+    pub fn is_shared(&self, resource: &str) -> bool {
+        let k = self.shared();
+        resource
+            .strip_prefix(k.tag)
+            .and_then(|r| r.strip_prefix(k.kind))
+            == Some(k.name)
+    }
+
     /// The prefix of each waiter's own "your turn" channel (followed by its secret).
     pub fn turn(&self) -> Key<'_> {
         self.key("turn:", false)
@@ -194,6 +204,9 @@ mod tests {
                 "{distlock:833}:shared:orders%2F42",
             ]
         );
+        assert!(k.is_shared("{distlock:833}:shared:orders%2F42"));
+        assert!(!k.is_shared(&k.lock));
+        assert!(!k.is_shared("{distlock:833}:shared:orders%2F4"));
         // Written into a command, a key is the same one argument.
         for key in [k.fence(), k.queue(), k.turn()] {
             assert_eq!(key.to_redis_args(), vec![key.to_string().into_bytes()]);

@@ -349,7 +349,7 @@ return out
     ))
 });
 
-/// KEYS: lock, shared, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms,
+/// KEYS: lock, fence, queue, alive, shared. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms,
 /// turn channel prefix, limit, policy (`x` exclusive: the holder is the lock key; `p` a permit
 /// and `s` a reader: a field of the shared hash). The queue for every policy but a plain lock's
 /// ([`ACQUIRE`], which keeps its three-command fast path; a lock's name never has shared
@@ -367,7 +367,7 @@ return out
 pub static ADMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"{PURGE}
-local lock, shared, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lock, fence, queue, alive, shared = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, ttl, waiting, wttl = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4])
 local turn, limit, policy = ARGV[5], tonumber(ARGV[6]), ARGV[7]
 local member = me

@@ -186,15 +186,7 @@ impl Semaphore {
     /// `Busy`; `LimitMismatch` when the semaphore is in use with another number of permits;
     /// the errors of [`LockClient::try_acquire`].
     pub async fn try_acquire(&self) -> Result<Lease> {
-        self.client
-            .admit(
-                &self.lock,
-                &self.name,
-                &self.opts,
-                Admission::Permit(self.permits),
-                None,
-            )
-            .await
+        self.take(None).await
     }
 
     /// Takes a permit, waiting up to `timeout` in arrival order.
@@ -206,14 +198,14 @@ impl Semaphore {
     /// # Cancel safety
     /// Dropping the future leaves no permit held and nothing queued.
     pub async fn acquire(&self, timeout: Duration) -> Result<Lease> {
+        self.take(Some(timeout)).await
+    }
+
+    async fn take(&self, timeout: Option<Duration>) -> Result<Lease> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let permit = Admission::Permit(self.permits);
         self.client
-            .admit(
-                &self.lock,
-                &self.name,
-                &self.opts,
-                Admission::Permit(self.permits),
-                Some(Instant::now() + timeout),
-            )
+            .admit(&self.lock, &self.name, &self.opts, permit, deadline)
             .await
     }
 
