@@ -1,15 +1,18 @@
 //! distlock benchmarks: every backend against its raw client in the same run, plus the rslock
 //! peer, on servers the conformance harness starts on loopback.
 //!
-//! `cargo run --release -p distlock-bench -- [--quick | --smoke] [--only LIST] [--out DIR]` writes
+//! `cargo run --release -p distlock-bench -- [--quick | --smoke] [--only LIST] [--delay-us N] [--out DIR]` writes
 //! `DIR/bench.md`, `DIR/bench.json` and `DIR/bench-handover.svg` (default DIR `target/bench`;
 //! the checked-in report is `docs/bench.md`, made with `--out docs`). Figures are medians of
 //! several rounds; the ratios are what to track, since machines are noisy. `--smoke` runs a few
 //! hundred iterations in all, to prove the bench still works (CI runs it). `--only etcd,zk`
 //! measures just those backends (the first word of a label: memory, redis, redlock, etcd, zk).
 //!
-//! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, rslock), hand-over with 8 and 64 clients on
-//! one name, 1 000 names under 256 tasks, and 10 000 leases held with the watchdog on.
+//! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, the peers),
+//! hand-over with 8 and 64 clients on one name, election, semaphore and read-write mix, 1 000
+//! names under 256 tasks, and 10 000 leases held with the watchdog on. The uncontended and
+//! hand-over tables run twice: on loopback, then through latency links that add `--delay-us`
+//! (default 250) each way, a datacenter's 0.5 ms round trip (`--delay-us 0` skips that pass).
 
 mod election;
 mod handover;
@@ -24,10 +27,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::LockBackend;
-use distlock_conformance::harness::{EtcdCluster, RedisMasters, RedisServer, ZkEnsemble};
+use distlock_conformance::harness::{
+    EtcdCluster, LatencyLink, RedisMasters, RedisServer, ZkEnsemble,
+};
 
 use crate::handover::{Waiter, handover};
-use crate::report::{Election, Handover, Primitives, Report, Scale, Uncontended};
+use crate::report::{Election, Handover, Network, Primitives, Report, Scale, Uncontended};
 use crate::rtt::Ping;
 use crate::scale::Counter;
 use crate::stats::{Stats, median};
@@ -46,6 +51,11 @@ struct Size {
     scale_pairs: usize,
     held: usize,
 }
+
+/// The datacenter setting's added delay each way (0.5 ms RTT, as within one datacenter) and
+/// its rounds (each takes ten times as long as on loopback).
+const DATACENTER_ONE_WAY_US: u64 = 250;
+const NETWORK_ROUNDS: usize = 3;
 
 /// Candidates of the election run (a control plane's replica count).
 const CANDIDATES: usize = 3;
@@ -125,6 +135,177 @@ fn enter<'a>(
     })
 }
 
+/// Where the servers listen: directly, or through latency links.
+struct Ports {
+    redis: u16,
+    masters: Vec<u16>,
+    etcd: u16,
+    zk: u16,
+}
+
+/// Every backend under test, its baselines and peer, on these ports; `counters` count server
+/// requests of Redis, etcd and ZooKeeper for the scale table.
+async fn backends(p: &Ports, counters: [Counter; 3]) -> Vec<Target> {
+    let [redis_counter, etcd_counter, zk_counter] = counters;
+    let redis = format!("redis://127.0.0.1:{}", p.redis);
+    let masters: Vec<String> = p
+        .masters
+        .iter()
+        .map(|m| format!("redis://127.0.0.1:{m}"))
+        .collect();
+    let redlock = format!(
+        "redlock://{}",
+        p.masters
+            .iter()
+            .map(|m| format!("127.0.0.1:{m}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let etcd = vec![format!("127.0.0.1:{}", p.etcd)];
+    let zk = format!("127.0.0.1:{}", p.zk);
+    vec![
+        Target {
+            label: "memory",
+            url: "memory://bench".into(),
+            slow: 1,
+            raw: None,
+            same: None,
+            peer: None,
+            ping: None,
+            counter: Counter::None,
+        },
+        Target {
+            label: "redis",
+            url: redis.clone(),
+            slow: 1,
+            raw: Some(Pair::raw_redis(std::slice::from_ref(&redis)).await),
+            same: Some(Pair::same_redis(std::slice::from_ref(&redis)).await),
+            peer: Some(("rslock (1 server)", Peer::Rslock(vec![redis.clone()]))),
+            ping: Some(Ping::redis(std::slice::from_ref(&redis)).await),
+            counter: redis_counter,
+        },
+        Target {
+            label: "redlock x3",
+            // Wait as long as it takes, like the rslock waiters (the default gives up after 32 rounds).
+            url: format!("{redlock}?retry_count=1000000"),
+            slow: 1,
+            raw: Some(Pair::raw_redis(&masters).await),
+            same: Some(Pair::same_redis(&masters).await),
+            peer: Some(("rslock x3", Peer::Rslock(masters.clone()))),
+            ping: Some(Ping::redis(&masters).await),
+            counter: Counter::None,
+        },
+        Target {
+            label: "etcd",
+            url: format!("etcd://{}/bench?session_ttl=10s", etcd.join(",")),
+            slow: 2,
+            raw: Some(Pair::raw_etcd(&etcd).await),
+            same: Some(Pair::same_etcd(&etcd).await),
+            peer: Some(("etcd-client lock", Peer::EtcdLock(etcd.clone()))),
+            ping: Some(Ping::Etcd(Box::new(
+                etcd_client::Client::connect(&etcd, None)
+                    .await
+                    .expect("connect"),
+            ))),
+            counter: etcd_counter,
+        },
+        Target {
+            label: "zk",
+            url: format!("zk://{zk}?root=/bench"),
+            slow: 2,
+            raw: Some(Pair::raw_zk(&zk).await),
+            same: Some(Pair::same_zk(&zk).await),
+            peer: Some(("zookeeper-client lock", Peer::ZkLock(zk.clone()))),
+            ping: Some(Ping::Zk(
+                zookeeper_client::Client::connect(&zk)
+                    .await
+                    .expect("connect"),
+            )),
+            counter: zk_counter,
+        },
+    ]
+}
+
+/// `--only etcd,zk`: keeps just those backends (by the first word of their label).
+fn retain_only(targets: &mut Vec<Target>, only: Option<&[String]>) {
+    if let Some(only) = only {
+        targets.retain(|t| {
+            only.iter()
+                .any(|o| t.label.split(' ').next() == Some(o.as_str()))
+        });
+    }
+}
+
+/// The uncontended and hand-over tables of one backend: ours, its baselines and its peer.
+async fn lock_tables(t: &Target, size: Size, out: &mut Network) {
+    let pairs = size.pairs / t.slow;
+    let ours = Pair::ours(connect(&t.url).await);
+    let peer = match &t.peer {
+        Some((_, p)) => Some(Pair::peer(p).await),
+        None => None,
+    };
+    // Ours first; then whichever of raw, same-work and peer this backend has.
+    let mut contenders = vec![(&ours, "bench/ours")];
+    let raw_at = enter(&mut contenders, t.raw.as_ref(), "bench-raw");
+    let same_at = enter(&mut contenders, t.same.as_ref(), "bench/same");
+    let peer_at = enter(&mut contenders, peer.as_ref(), "bench/peer");
+    let mut rounds: Vec<Vec<_>> = contenders.iter().map(|_| Vec::new()).collect();
+    for _ in 0..size.rounds {
+        for (i, s) in interleaved(&contenders, pairs)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            rounds[i].push(s);
+        }
+    }
+    let ours_stats = median(&rounds[0]);
+    let raw_stats = raw_at.map(|i| median(&rounds[i]));
+    let same_stats = same_at.map(|i| median(&rounds[i]));
+    out.uncontended
+        .push(Uncontended::new(t.label, ours_stats, raw_stats, same_stats));
+    if let (Some((label, _)), Some(i)) = (&t.peer, peer_at) {
+        out.uncontended
+            .push(Uncontended::new(label, median(&rounds[i]), raw_stats, None));
+    }
+
+    let rtt = match &t.ping {
+        Some(p) => Some(p.measure(200).await.p50_us),
+        None => None,
+    };
+    for clients in [8, 64] {
+        let mut runs = Vec::new();
+        for _ in 0..size.rounds {
+            let mut waiters = Vec::new();
+            for _ in 0..clients {
+                waiters.push(Waiter::ours(connect(&t.url).await));
+            }
+            let name = format!("bench/handover/{clients}");
+            runs.push(handover(waiters, &name, size.grants / t.slow, size.budget).await);
+        }
+        out.handover.push(Handover {
+            backend: t.label.to_string(),
+            clients,
+            stats: median(&runs),
+            rtt_p50_us: rtt,
+        });
+        if let Some((label, peer)) = &t.peer {
+            let mut waiters = Vec::new();
+            for _ in 0..clients {
+                waiters.push(Waiter::peer(peer).await);
+            }
+            let name = format!("bench/peer-handover/{clients}");
+            let s = handover(waiters, &name, size.grants, size.budget).await;
+            out.handover.push(Handover {
+                backend: label.to_string(),
+                clients,
+                stats: s,
+                rtt_p50_us: rtt,
+            });
+        }
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -146,84 +327,32 @@ async fn main() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .map(|list| list.split(',').map(str::to_string).collect());
+    // `--delay-us N`: the second network setting adds N us each way (0: loopback only).
+    let delay_us: u64 = args
+        .iter()
+        .position(|a| a == "--delay-us")
+        .and_then(|i| args.get(i + 1))
+        .map_or(DATACENTER_ONE_WAY_US, |v| {
+            v.parse().expect("--delay-us takes microseconds")
+        });
 
     let redis = start(|| RedisServer::start().expect("redis")).await;
     let masters = start(|| RedisMasters::start(3).expect("redis masters")).await;
     let etcd = start(|| EtcdCluster::start(1).expect("etcd")).await;
     let zk = start(|| ZkEnsemble::start(1).expect("zookeeper")).await;
-    let master_urls: Vec<String> = masters.nodes.iter().map(RedisServer::url).collect();
-    let admin = redis.admin().await.expect("admin");
-
-    let mut targets = vec![
-        Target {
-            label: "memory",
-            url: "memory://bench".into(),
-            slow: 1,
-            raw: None,
-            same: None,
-            peer: None,
-            ping: None,
-            counter: Counter::None,
-        },
-        Target {
-            label: "redis",
-            url: redis.url(),
-            slow: 1,
-            raw: Some(Pair::raw_redis(&[redis.url()]).await),
-            same: Some(Pair::same_redis(&[redis.url()]).await),
-            peer: Some(("rslock (1 server)", Peer::Rslock(vec![redis.url()]))),
-            ping: Some(Ping::redis(&[redis.url()]).await),
-            counter: Counter::Redis(admin),
-        },
-        Target {
-            label: "redlock x3",
-            // Wait as long as it takes, like the rslock waiters (the default gives up after 32 rounds).
-            url: format!("{}?retry_count=1000000", masters.url()),
-            slow: 1,
-            raw: Some(Pair::raw_redis(&master_urls).await),
-            same: Some(Pair::same_redis(&master_urls).await),
-            peer: Some(("rslock x3", Peer::Rslock(master_urls.clone()))),
-            ping: Some(Ping::redis(&master_urls).await),
-            counter: Counter::None,
-        },
-        Target {
-            label: "etcd",
-            url: format!(
-                "etcd://{}/bench?session_ttl=10s",
-                etcd.endpoints().join(",")
-            ),
-            slow: 2,
-            raw: Some(Pair::raw_etcd(&etcd.endpoints()).await),
-            same: Some(Pair::same_etcd(&etcd.endpoints()).await),
-            peer: Some(("etcd-client lock", Peer::EtcdLock(etcd.endpoints()))),
-            ping: Some(Ping::Etcd(Box::new(
-                etcd_client::Client::connect(etcd.endpoints(), None)
-                    .await
-                    .expect("connect"),
-            ))),
-            counter: Counter::Etcd(etcd.metrics_ports[0]),
-        },
-        Target {
-            label: "zk",
-            url: format!("zk://{}?root=/bench", zk.connect_string()),
-            slow: 2,
-            raw: Some(Pair::raw_zk(&zk.connect_string()).await),
-            same: Some(Pair::same_zk(&zk.connect_string()).await),
-            peer: Some(("zookeeper-client lock", Peer::ZkLock(zk.connect_string()))),
-            ping: Some(Ping::Zk(
-                zookeeper_client::Client::connect(&zk.connect_string())
-                    .await
-                    .expect("connect"),
-            )),
-            counter: Counter::Zk(zk.client_ports[0]),
-        },
+    let direct = Ports {
+        redis: redis.port(),
+        masters: masters.nodes.iter().map(RedisServer::port).collect(),
+        etcd: etcd.client_ports[0],
+        zk: zk.client_ports[0],
+    };
+    let counters = [
+        Counter::Redis(redis.admin().await.expect("admin")),
+        Counter::Etcd(etcd.metrics_ports[0]),
+        Counter::Zk(zk.client_ports[0]),
     ];
-    if let Some(only) = &only {
-        targets.retain(|t| {
-            only.iter()
-                .any(|o| t.label.split(' ').next() == Some(o.as_str()))
-        });
-    }
+    let mut targets = backends(&direct, counters).await;
+    retain_only(&mut targets, only.as_deref());
 
     let mut report = Report {
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -232,84 +361,16 @@ async fn main() {
             version("redis-server", "--version"),
             version("etcd", "--version").trim_start_matches("etcd Version: ")
         ),
-        rounds: size.rounds,
-        uncontended: Vec::new(),
-        handover: Vec::new(),
+        networks: Vec::new(),
         elections: Vec::new(),
         primitives: Vec::new(),
         scale: Vec::new(),
     };
 
+    let mut loopback = Network::new("loopback", 0, size.rounds);
     for t in &mut targets {
         eprintln!("== {}", t.label);
-        let pairs = size.pairs / t.slow;
-        let ours = Pair::ours(connect(&t.url).await);
-        let peer = match &t.peer {
-            Some((_, p)) => Some(Pair::peer(p).await),
-            None => None,
-        };
-        // Ours first; then whichever of raw, same-work and peer this backend has.
-        let mut contenders = vec![(&ours, "bench/ours")];
-        let raw_at = enter(&mut contenders, t.raw.as_ref(), "bench-raw");
-        let same_at = enter(&mut contenders, t.same.as_ref(), "bench/same");
-        let peer_at = enter(&mut contenders, peer.as_ref(), "bench/peer");
-        let mut rounds: Vec<Vec<_>> = contenders.iter().map(|_| Vec::new()).collect();
-        for _ in 0..size.rounds {
-            for (i, s) in interleaved(&contenders, pairs)
-                .await
-                .into_iter()
-                .enumerate()
-            {
-                rounds[i].push(s);
-            }
-        }
-        let ours_stats = median(&rounds[0]);
-        let raw_stats = raw_at.map(|i| median(&rounds[i]));
-        let same_stats = same_at.map(|i| median(&rounds[i]));
-        report
-            .uncontended
-            .push(Uncontended::new(t.label, ours_stats, raw_stats, same_stats));
-        if let (Some((label, _)), Some(i)) = (&t.peer, peer_at) {
-            report
-                .uncontended
-                .push(Uncontended::new(label, median(&rounds[i]), raw_stats, None));
-        }
-
-        let rtt = match &t.ping {
-            Some(p) => Some(p.measure(200).await.p50_us),
-            None => None,
-        };
-        for clients in [8, 64] {
-            let mut runs = Vec::new();
-            for _ in 0..size.rounds {
-                let mut waiters = Vec::new();
-                for _ in 0..clients {
-                    waiters.push(Waiter::ours(connect(&t.url).await));
-                }
-                let name = format!("bench/handover/{clients}");
-                runs.push(handover(waiters, &name, size.grants / t.slow, size.budget).await);
-            }
-            report.handover.push(Handover {
-                backend: t.label.to_string(),
-                clients,
-                stats: median(&runs),
-                rtt_p50_us: rtt,
-            });
-            if let Some((label, peer)) = &t.peer {
-                let mut waiters = Vec::new();
-                for _ in 0..clients {
-                    waiters.push(Waiter::peer(peer).await);
-                }
-                let name = format!("bench/peer-handover/{clients}");
-                let s = handover(waiters, &name, size.grants, size.budget).await;
-                report.handover.push(Handover {
-                    backend: label.to_string(),
-                    clients,
-                    stats: s,
-                    rtt_p50_us: rtt,
-                });
-            }
-        }
+        lock_tables(t, size, &mut loopback).await;
 
         // Redlock has no tokens, so no terms: no election there.
         if t.label != "redlock x3" {
@@ -384,8 +445,6 @@ async fn main() {
 
         // The other clients of this server go first: their keep-alives would blur the server's
         // request count of the held leases.
-        drop(ours);
-        drop(peer);
         (t.raw, t.same, t.ping) = (None, None, None);
         if t.label != "redlock x3" {
             let many = scale::many_names(connect(&t.url).await, 1_000, 256, size.scale_pairs).await;
@@ -396,6 +455,44 @@ async fn main() {
                 held,
             });
         }
+    }
+
+    report.networks.push(loopback);
+    drop(targets);
+
+    // The datacenter setting: every connection through a link that adds `delay_us` each way.
+    if delay_us > 0 {
+        let one_way = Duration::from_micros(delay_us);
+        let link = |port: u16| {
+            LatencyLink::start(([127, 0, 0, 1], port).into(), one_way).expect("latency link")
+        };
+        let links: Vec<LatencyLink> = [direct.redis, direct.etcd, direct.zk]
+            .into_iter()
+            .chain(direct.masters.iter().copied())
+            .map(link)
+            .collect();
+        let linked = Ports {
+            redis: links[0].addr().port(),
+            etcd: links[1].addr().port(),
+            zk: links[2].addr().port(),
+            masters: links[3..].iter().map(|l| l.addr().port()).collect(),
+        };
+        let rounds = size.rounds.min(NETWORK_ROUNDS);
+        let mut network = Network::new(
+            &format!(
+                "{:.1} ms RTT (a link adds {delay_us} us each way)",
+                2.0 * delay_us as f64 / 1000.0
+            ),
+            delay_us,
+            rounds,
+        );
+        let mut targets = backends(&linked, [Counter::None, Counter::None, Counter::None]).await;
+        retain_only(&mut targets, only.as_deref());
+        for t in &mut targets {
+            eprintln!("== {}, {}", t.label, network.label);
+            lock_tables(t, Size { rounds, ..size }, &mut network).await;
+        }
+        report.networks.push(network);
     }
 
     std::fs::create_dir_all(&dir).expect("output directory");

@@ -5,7 +5,8 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use distlock_conformance::harness::{
-    ClockOffset, EtcdCluster, Proxy, ProxyMode, RedisMasters, RedisServer, ZkEnsemble, free_port,
+    ClockOffset, EtcdCluster, LatencyLink, Proxy, ProxyMode, RedisMasters, RedisServer, ZkEnsemble,
+    free_port,
 };
 
 fn pid_alive(pid: u32) -> bool {
@@ -155,6 +156,51 @@ fn zookeeper_standalone_and_three_node_ensemble() {
     assert!(
         pids.iter().all(|&p| !pid_alive(p)),
         "zookeeper nodes outlived the handle"
+    );
+}
+
+#[test]
+fn a_latency_link_delays_each_way_keeps_order_and_does_not_throttle() {
+    let server = RedisServer::start().expect("redis-server");
+    let one_way = Duration::from_millis(20);
+    let link = LatencyLink::start(([127, 0, 0, 1], server.port()).into(), one_way).expect("link");
+    let mut s = TcpStream::connect(link.addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    // 50 requests written one by one, all in flight at once: each is answered, in order, and
+    // the first no sooner than a round trip; sent in a burst, they are not held back one delay
+    // each (that would take 50 round trips, 2 s).
+    let started = std::time::Instant::now();
+    for i in 0..50 {
+        s.write_all(format!("ECHO {i}\r\n").as_bytes())
+            .expect("write");
+    }
+    let expected: String = (0..50)
+        .map(|i| format!("${}\r\n{i}\r\n", i.to_string().len()))
+        .collect();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < expected.len() {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "the link closed early");
+        if got.is_empty() {
+            assert!(
+                started.elapsed() >= 2 * one_way,
+                "answered before a round trip of the link"
+            );
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(String::from_utf8_lossy(&got), expected);
+    assert!(
+        started.elapsed() < 25 * 2 * one_way,
+        "the link held each request back in turn: {:?}",
+        started.elapsed()
+    );
+    drop(link);
+    assert!(
+        matches!(s.read(&mut buf), Ok(0) | Err(_)),
+        "a connection outlived the link"
     );
 }
 

@@ -7,12 +7,14 @@
 //! [`EtcdCluster`] (1 or 3 members), [`ZkEnsemble`] (standalone or 3 nodes). Fault hooks:
 //! [`ServerProcess::kill`], [`ServerProcess::restart`], [`ServerProcess::pause`] /
 //! [`ServerProcess::resume`], the TCP [`Proxy`] between a client and a server, and a server
-//! wall clock moved forward ([`ClockOffset`]). A
+//! wall clock moved forward ([`ClockOffset`]). A [`LatencyLink`] puts a fixed network delay
+//! between a client and a server (the benchmark's datacenter setting). A
 //! [`HolderProcess`] runs a lock holder in another process, to pause (SIGSTOP) or kill.
 
 mod clock;
 mod etcd;
 mod holder;
+mod latency;
 mod process;
 mod proxy;
 mod redis;
@@ -28,6 +30,7 @@ use std::time::Duration;
 pub use clock::ClockOffset;
 pub use etcd::{EtcdCluster, metric_sum};
 pub use holder::{HolderProcess, holder_binary};
+pub use latency::LatencyLink;
 pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer};
