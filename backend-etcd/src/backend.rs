@@ -1053,11 +1053,9 @@ impl LockBackend for EtcdBackend {
     }
 
     /// Deletes our attempt key. On a session of this client (the usual case) the secret is
-    /// checked against the slot's holder without a server call, then a plain delete goes out: the
-    /// key path (our session lease, a slot this grant holds until now) names this grant alone
-    /// (see [`crate::keys`]), and it was held if there was a key to delete; the slot is given
-    /// back once the delete went through. A key of a session this client no longer tracks is
-    /// deleted only if its value is the secret (a compare-and-delete txn).
+    /// checked against the slot's holder without a server call first; either way the delete is
+    /// a compare-value txn ([`EtcdBackend::delete_ours`]: a delete that arrived late must not
+    /// remove the path's next grant), and the slot is given back once it went through.
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         let path = key.resource.as_str();
         let secret = key.secret.expose_hex();

@@ -132,7 +132,7 @@ impl Network {
                  Same work = the very requests our backend sends for a pair, sent by hand on a raw \
                  connection (Redis: our acquire script, with its fencing counter and queue check, and \
                  our release script; Redlock: `SET NX PX` and our release script on every master; \
-                 etcd: our enqueue txn, put-if-absent of our reused key, then delete; ZooKeeper: create \
+                 etcd: our enqueue txn, put-if-absent of our reused key, then our release, a txn deleting the key if its value is ours; ZooKeeper: create \
                  with our node name and data, then delete; both as a repeat acquire on an idle cluster \
                  sends them: the revision or zxid gap to our own released entry proves the queue \
                  empty, so no queue read rides with the enqueue): same work / raw is what the \

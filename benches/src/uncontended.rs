@@ -40,7 +40,7 @@ pub enum SameWork {
     /// connections (Redlock): `SET NX PX` on all, then the release script on all.
     Redis(Vec<redis::aio::MultiplexedConnection>),
     /// etcd: our enqueue txn as a repeat acquire on an idle cluster sends it (put-if-absent of
-    /// our reused key, no read of the keys ahead), then delete.
+    /// our reused key, no read of the keys ahead), then our release (a compare-value delete txn).
     Etcd(Box<etcd_client::Client>, i64),
     /// ZooKeeper: create with our node name and data, then delete (a repeat acquire on an idle
     /// ensemble reads no queue: see `distlock_zk`'s repeat grant).
@@ -123,7 +123,7 @@ impl Pair {
                 }))
                 .await;
             }
-            Pair::RawEtcd(client, lease) => etcd_pair(client, *lease, name, "x").await,
+            Pair::RawEtcd(client, lease) => etcd_pair(client, *lease, name, "x", false).await,
             Pair::RawZk(client) => zk_pair(client, "/bench-raw/n-", "").await,
             Pair::Same(work) => work.once(name, i).await,
             Pair::Rslock(manager) => {
@@ -261,7 +261,7 @@ impl SameWork {
             }
             SameWork::Etcd(client, lease) => {
                 let key = format!("bench-same/{name}/{lease:016x}.{:016x}", 0);
-                etcd_pair(client, *lease, &key, &secret).await;
+                etcd_pair(client, *lease, &key, &secret, true).await;
             }
             SameWork::Zk(client) => {
                 zk_pair(client, &format!("/bench-raw/_c_{secret}-lock-"), &secret).await;
@@ -270,8 +270,16 @@ impl SameWork {
     }
 }
 
-/// etcd: txn put-if-absent of `key` = `value` with `lease`, then delete it.
-async fn etcd_pair(client: &etcd_client::Client, lease: i64, key: &str, value: &str) {
+/// etcd: txn put-if-absent of `key` = `value` with `lease`, then delete it: plainly, or (as our
+/// release does, so that a late delete cannot remove the path's next grant) by a txn that
+/// compares the value first.
+async fn etcd_pair(
+    client: &etcd_client::Client,
+    lease: i64,
+    key: &str,
+    value: &str,
+    compare_delete: bool,
+) {
     use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
     let mut c = client.clone();
     let txn = Txn::new()
@@ -282,7 +290,15 @@ async fn etcd_pair(client: &etcd_client::Client, lease: i64, key: &str, value: &
             Some(PutOptions::new().with_lease(lease)),
         )]);
     c.txn(txn).await.expect("txn");
-    c.delete(key, None).await.expect("delete");
+    if compare_delete {
+        let txn = Txn::new()
+            .when([Compare::value(key, CompareOp::Equal, value)])
+            .and_then([TxnOp::delete(key, None)])
+            .or_else([TxnOp::get(key, None)]);
+        assert!(c.txn(txn).await.expect("txn").succeeded(), "not deleted");
+    } else {
+        c.delete(key, None).await.expect("delete");
+    }
 }
 
 /// ZooKeeper: create an ephemeral-sequential node at `prefix` holding `data`, then delete it.
