@@ -509,10 +509,11 @@ impl ZkBackend {
     }
 
     /// Waits until the policy admits our node. An exclusive node (a lock's, a writer's) waits
-    /// to be the lowest, watching only the next lower node (the first time, `listed` may already
-    /// hold the queue, read by the create sent at `sent`). When that node headed our last
-    /// listing and is deleted, we are next without listing again (see below); any other event
-    /// re-lists. Any other node counts the nodes ahead and their limits, so any delete ahead can
+    /// to be the lowest, watching the next lower node and the one below it, never more (no herd:
+    /// a delete wakes at most two waiters; the first time, `listed` may already hold the queue,
+    /// read by the create sent at `sent`). A watched node's delete that leaves at most one node
+    /// ahead in our view goes on without listing ([`without`]); any other event lists again.
+    /// Any other node counts the nodes ahead and their limits, so any delete ahead can
     /// admit it: it watches the directory's children and lists again at each change. Before
     /// success, checks our epoch is still alive (while it is, our ephemeral node is there).
     /// Returns the send time of the last request whose answer showed our session alive (a
@@ -574,14 +575,50 @@ impl ZkBackend {
                 });
             };
             let asked = Instant::now();
-            let watcher = if admission == Admission::Exclusive {
-                let pred = format!("{dir}/{}", queue[pos - 1]);
-                let (stat, watcher) = self.call(epoch.client.check_and_watch_stat(&pred)).await?;
-                if stat.is_none() {
+            let (watcher, far) = if admission == Admission::Exclusive {
+                // Two or more back, the node two ahead is watched too: in a queue served in
+                // order it goes first, and its delete leaves us next in line, so our own turn
+                // comes on our predecessor's delete event alone, with no listing in between.
+                let far_at = pos.checked_sub(2);
+                let (near, far) = tokio::join!(
+                    self.call(
+                        epoch
+                            .client
+                            .check_and_watch_stat(&format!("{dir}/{}", queue[pos - 1]))
+                    ),
+                    async {
+                        match far_at {
+                            Some(i) => Some(
+                                self.call(
+                                    epoch
+                                        .client
+                                        .check_and_watch_stat(&format!("{dir}/{}", queue[i])),
+                                )
+                                .await,
+                            ),
+                            None => None,
+                        }
+                    }
+                );
+                let (near_stat, watcher) = near?;
+                let mut gone = Vec::new();
+                if near_stat.is_none() {
+                    gone.push(pos - 1);
+                }
+                let far = match (far.transpose()?, far_at) {
+                    (Some((None, _)), Some(i)) => {
+                        gone.push(i);
+                        None
+                    }
+                    (Some((Some(_), w)), _) => Some(w),
+                    _ => None,
+                };
+                if !gone.is_empty() {
                     confirmed = asked;
+                    listed = without(&queue, pos, &gone);
                     continue;
                 }
-                watcher
+                (watcher, far)
             } else {
                 let (children, watcher) =
                     self.call(epoch.client.list_and_watch_children(dir)).await?;
@@ -593,20 +630,26 @@ impl ZkBackend {
                     listed = Some(now);
                     continue;
                 }
-                watcher
+                (watcher, None)
             };
             confirmed = asked;
+            let far_changed = async {
+                match far {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // A delete of a watched node ahead drops it from our view (see [`without`]); any
+            // other event lists again.
             tokio::select! {
+                event = far_changed => {
+                    if event.event_type == EventType::NodeDeleted {
+                        listed = without(&queue, pos, &[pos - 2]);
+                    }
+                }
                 event = watcher.changed() => {
-                    // Our listing was read after our create and sequence numbers only grow, so
-                    // nobody can have joined ahead of us since. If our predecessor headed that
-                    // listing and is now deleted, we head the queue: granted without listing
-                    // again (a hand-over to the next in line costs only the release's delete;
-                    // Curator's recipe re-lists). Deeper in the queue the nodes ahead in our
-                    // listing are likely gone by now, so a fresh listing is cheaper than
-                    // checking them one by one.
-                    if admission == Admission::Exclusive && pos == 1 && event.event_type == EventType::NodeDeleted {
-                        listed = Some(queue[1..].to_vec());
+                    if admission == Admission::Exclusive && event.event_type == EventType::NodeDeleted {
+                        listed = without(&queue, pos, &[pos - 1]);
                     }
                 }
                 _ = lost.wait() => {
@@ -618,6 +661,25 @@ impl ZkBackend {
             }
         }
     }
+}
+
+/// Our view of the queue `queue` (we at `pos`) without the nodes at `gone`, seen deleted, if
+/// that leaves at most one node ahead of us; else `None`, to list again. Our listing was read
+/// after our create and sequence numbers only grow, so nobody can have joined ahead of us since:
+/// the nodes ahead are always some of those the listing shows ahead, and a node seen gone can be
+/// dropped. With nothing left ahead we head the queue, granted without listing again (a hand-over
+/// to the next in line costs only the release's delete; Curator's recipe re-lists); with one
+/// left, it is the one to watch. Deeper, the nodes ahead in our listing are likely gone by now,
+/// and a fresh listing is cheaper than checking them one by one.
+fn without(queue: &[String], pos: usize, gone: &[usize]) -> Option<Vec<String>> {
+    (pos.saturating_sub(gone.len()) <= 1).then(|| {
+        queue
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !gone.contains(i))
+            .map(|(_, n)| n.clone())
+            .collect()
+    })
 }
 
 /// Whose turn [`ZkBackend::wait_turn`] waits for: our node `path` in `dir`, admitted by
