@@ -479,10 +479,7 @@ async fn main() {
         };
         let rounds = size.rounds.min(NETWORK_ROUNDS);
         let mut network = Network::new(
-            &format!(
-                "{:.1} ms RTT (a link adds {delay_us} us each way)",
-                2.0 * delay_us as f64 / 1000.0
-            ),
+            &format!("{:.1} ms RTT", 2.0 * delay_us as f64 / 1000.0),
             delay_us,
             rounds,
         );
