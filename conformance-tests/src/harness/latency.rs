@@ -6,9 +6,10 @@
 //! line: every chunk leaves `delay` after it arrived, in order, however many are in flight, timed
 //! by OS threads whose sleeps are accurate to tens of microseconds.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -17,8 +18,11 @@ use std::time::{Duration, Instant};
 pub struct LatencyLink {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    open: Arc<Mutex<Vec<TcpStream>>>,
+    open: Open,
 }
+
+/// The open connections, both sockets each, by number: closed with the link.
+type Open = Arc<Mutex<HashMap<u64, [TcpStream; 2]>>>;
 
 impl LatencyLink {
     /// Listens on a free loopback port and forwards to `upstream`, each way `one_way` late.
@@ -26,8 +30,9 @@ impl LatencyLink {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let open = Arc::new(Mutex::new(Vec::new()));
+        let open: Open = Arc::default();
         let (stop2, open2) = (stop.clone(), open.clone());
+        let ids = AtomicU64::new(0);
         std::thread::Builder::new()
             .name(format!("distlock-latency-{}", addr.port()))
             .spawn(move || {
@@ -40,7 +45,8 @@ impl LatencyLink {
                         continue;
                     };
                     // A connection that cannot be set up is dropped: its client sees it closed.
-                    let _ = link(client, server, one_way, &open2);
+                    let id = ids.fetch_add(1, Ordering::Relaxed);
+                    let _ = link(id, client, server, one_way, &open2);
                 }
             })?;
         Ok(LatencyLink { addr, stop, open })
@@ -58,33 +64,55 @@ impl Drop for LatencyLink {
         // Wakes the accept loop so it sees the flag.
         let _ = TcpStream::connect(self.addr);
         if let Ok(open) = self.open.lock() {
-            for s in open.iter() {
+            for s in open.values().flatten() {
                 let _ = s.shutdown(Shutdown::Both);
             }
         }
     }
 }
 
-/// Starts both directions of one connection.
+/// Starts both directions of connection `id`; the last direction to end forgets it.
 fn link(
+    id: u64,
     client: TcpStream,
     server: TcpStream,
     delay: Duration,
-    open: &Mutex<Vec<TcpStream>>,
+    open: &Open,
 ) -> std::io::Result<()> {
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
     if let Ok(mut open) = open.lock() {
-        open.push(client.try_clone()?);
-        open.push(server.try_clone()?);
+        open.insert(id, [client.try_clone()?, server.try_clone()?]);
     }
-    direction(client.try_clone()?, server.try_clone()?, delay)?;
-    direction(server, client, delay)
+    let ended = Arc::new(AtomicU64::new(0));
+    let done = {
+        let open = open.clone();
+        move || {
+            if ended.fetch_add(1, Ordering::SeqCst) == 1
+                && let Ok(mut open) = open.lock()
+            {
+                open.remove(&id);
+            }
+        }
+    };
+    direction(
+        client.try_clone()?,
+        server.try_clone()?,
+        delay,
+        done.clone(),
+    )?;
+    direction(server, client, delay, done)
 }
 
 /// One direction: a reader stamps each chunk with its due time, a writer sends it then. The
-/// writer half-closes its side once the reader saw the end, so each side's close travels too.
-fn direction(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Result<()> {
+/// writer half-closes its side once the reader saw the end, so each side's close travels too;
+/// then it calls `done`.
+fn direction(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    delay: Duration,
+    done: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     std::thread::Builder::new()
         .name("distlock-latency-read".into())
@@ -114,10 +142,11 @@ fn direction(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io
                     std::thread::sleep(due - now);
                 }
                 if to.write_all(&bytes).is_err() {
-                    return;
+                    break;
                 }
             }
             let _ = to.shutdown(Shutdown::Write);
+            done();
         })?;
     Ok(())
 }
