@@ -2,13 +2,16 @@
 //! cluster is its put alone (the revision gap proves the queue empty), with no range read; a
 //! release is one compare-and-delete txn on the key's value. That
 //! it never passes a holder in between is the scenario `repeat_acquire_waits_for_a_holder_in_between`.
+//! A waiter near the head whose watch is not proven live keeps a second one (the member's
+//! watcher count).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient};
 use distlock_conformance::deployments::etcd::{deploy, options};
-use distlock_conformance::harness::metric_sum;
+use distlock_conformance::harness::{LatencyLink, metric_sum};
 use distlock_etcd::EtcdBackend;
 
 async fn client(endpoints: &[String]) -> LockClient {
@@ -73,4 +76,97 @@ async fn a_repeat_acquire_on_an_idle_cluster_reads_no_queue() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens must still increase: {tokens:?}"
     );
+}
+
+/// Watchers the member holds now (`etcd_debugging_mvcc_watcher_total`).
+async fn watchers(port: u16) -> f64 {
+    tokio::task::spawn_blocking(move || {
+        metric_sum(port, &[("etcd_debugging_mvcc_watcher_total", "")])
+    })
+    .await
+    .expect("metrics")
+    .expect("the member's metrics")
+}
+
+/// Polls until `ok` holds for the member's watcher count, or 5 s; returns the last count.
+async fn watchers_until(port: u16, ok: impl Fn(f64) -> bool) -> f64 {
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = watchers(port).await;
+        if ok(n) || tokio::time::Instant::now() > until {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The guard against etcd's unsynced watches (the hand-over tail of issue 27): a watch that
+/// names no start revision and meets a write while etcd registers it is left behind, and its
+/// events then come from the server's catch-up loop, up to 100 ms late. A waiter near the head
+/// reads right after its watch is created; a read at another revision than the watch's does not
+/// prove it live, and the waiter opens a second watch. The race itself is inside the server and
+/// cannot be forced, so this checks the guard: the waiter's link is slow (100 ms each way), and
+/// a writer commits every 2 ms or so meanwhile, so writes land in the 200 ms between the
+/// watch's creation and the read; the member must then hold two watchers for the waiter (one
+/// without the guard, seen failing so), and none once it is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_watch_is_not_proven_live_keeps_a_second_one() {
+    let d = deploy("etcd", 1, false).await;
+    let port = d.cluster.metrics_ports[0];
+    // Leases with the watchdog on: a fixed one lasts the session TTL (2 s here) at most.
+    let renewed = AcquireOptions::with_ttl(Duration::from_secs(30));
+    let first = client(&d.cluster.endpoints()).await;
+    let holder = first
+        .try_acquire("unproven", &renewed)
+        .await
+        .expect("acquire");
+    let link = LatencyLink::start(
+        ([127, 0, 0, 1], d.cluster.client_ports[0]).into(),
+        Duration::from_millis(100),
+    )
+    .expect("link");
+    let waiter = client(&[link.addr().to_string()]).await;
+    let before = watchers(port).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, endpoints) = (stop.clone(), d.cluster.endpoints());
+        tokio::spawn(async move {
+            let mut raw = etcd_client::Client::connect(endpoints, None)
+                .await
+                .expect("connect");
+            while !stop.load(Ordering::Relaxed) {
+                raw.put("unproven-noise", "x", None).await.expect("put");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire("unproven", &renewed, Duration::from_secs(10))
+            .await
+    });
+    let held = watchers_until(port, |n| n >= before + 2.0).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.expect("writer");
+
+    assert_eq!(
+        held,
+        before + 2.0,
+        "a waiter whose read came at another revision than its watch's creation should hold \
+         a second watch"
+    );
+
+    assert!(
+        !waiting.is_finished(),
+        "the waiter was granted beside the holder"
+    );
+    assert!(holder.release().await.expect("release"));
+    let lease = waiting.await.expect("join").expect("the waiter's grant");
+    assert_eq!(
+        watchers_until(port, |n| n <= before).await,
+        before,
+        "the granted waiter left a watch behind"
+    );
+    assert!(lease.release().await.expect("release"));
 }
