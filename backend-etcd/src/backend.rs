@@ -1054,7 +1054,7 @@ impl LockBackend for EtcdBackend {
 
     /// Deletes our attempt key. On a session of this client (the usual case) the secret is
     /// checked against the slot's holder without a server call first; either way the delete is
-    /// a compare-value txn ([`EtcdBackend::delete_ours`]: a delete that arrived late must not
+    /// a compare-value txn (`delete_ours`: a delete that arrived late must not
     /// remove the path's next grant), and the slot is given back once it went through.
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         let path = key.resource.as_str();
