@@ -11,6 +11,7 @@ use distlock_api::{
     LockBackend, LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, RepeatGrant,
     Result, Wakeup,
 };
+use futures_util::future::OptionFuture;
 use futures_util::stream::BoxStream;
 use tokio::time::{Instant, timeout, timeout_at};
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState, Stat};
@@ -580,26 +581,15 @@ impl ZkBackend {
                 // order it goes first, and its delete leaves us next in line, so our own turn
                 // comes on our predecessor's delete event alone, with no listing in between.
                 let far_at = pos.checked_sub(2);
-                let (near, far) = tokio::join!(
+                let watch = |i: usize| {
                     self.call(
                         epoch
                             .client
-                            .check_and_watch_stat(&format!("{dir}/{}", queue[pos - 1]))
-                    ),
-                    async {
-                        match far_at {
-                            Some(i) => Some(
-                                self.call(
-                                    epoch
-                                        .client
-                                        .check_and_watch_stat(&format!("{dir}/{}", queue[i])),
-                                )
-                                .await,
-                            ),
-                            None => None,
-                        }
-                    }
-                );
+                            .check_and_watch_stat(&format!("{dir}/{}", queue[i])),
+                    )
+                };
+                let (near, far) =
+                    tokio::join!(watch(pos - 1), OptionFuture::from(far_at.map(watch)));
                 let (near_stat, watcher) = near?;
                 let mut gone = Vec::new();
                 if near_stat.is_none() {
