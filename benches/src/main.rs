@@ -273,33 +273,46 @@ async fn lock_tables(t: &Target, size: Size, out: &mut Network) {
         Some(p) => Some(p.measure(200).await.p50_us),
         None => None,
     };
+    let grants = size.grants / t.slow;
     for clients in [8, 64] {
-        let mut runs = Vec::new();
-        for _ in 0..size.rounds {
-            let mut waiters = Vec::new();
-            for _ in 0..clients {
-                waiters.push(Waiter::ours(connect(&t.url).await));
+        let (mut ours_runs, mut peer_runs) = (Vec::new(), Vec::new());
+        for round in 0..size.rounds {
+            // Ours and the peer alternate, each round started by the other one, with the same
+            // number of grants: a slow phase of the machine (a disk stall, a busy neighbour)
+            // falls on both, as in the uncontended table's blocks.
+            for peer_turn in [round % 2 == 1, round % 2 == 0] {
+                match (peer_turn, &t.peer) {
+                    (false, _) => {
+                        let mut waiters = Vec::new();
+                        for _ in 0..clients {
+                            waiters.push(Waiter::ours(connect(&t.url).await));
+                        }
+                        let name = format!("bench/handover/{clients}");
+                        ours_runs.push(handover(waiters, &name, grants, size.budget).await);
+                    }
+                    (true, Some((_, peer))) => {
+                        let mut waiters = Vec::new();
+                        for _ in 0..clients {
+                            waiters.push(Waiter::peer(peer).await);
+                        }
+                        let name = format!("bench/peer-handover/{clients}");
+                        peer_runs.push(handover(waiters, &name, grants, size.budget).await);
+                    }
+                    (true, None) => {}
+                }
             }
-            let name = format!("bench/handover/{clients}");
-            runs.push(handover(waiters, &name, size.grants / t.slow, size.budget).await);
         }
         out.handover.push(Handover {
             backend: t.label.to_string(),
             clients,
-            stats: median(&runs),
+            stats: median(&ours_runs),
             rtt_p50_us: rtt,
         });
-        if let Some((label, peer)) = &t.peer {
-            let mut waiters = Vec::new();
-            for _ in 0..clients {
-                waiters.push(Waiter::peer(peer).await);
-            }
-            let name = format!("bench/peer-handover/{clients}");
-            let s = handover(waiters, &name, size.grants, size.budget).await;
+        if let Some((label, _)) = &t.peer {
             out.handover.push(Handover {
                 backend: label.to_string(),
                 clients,
-                stats: s,
+                stats: median(&peer_runs),
                 rtt_p50_us: rtt,
             });
         }

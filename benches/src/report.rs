@@ -177,8 +177,9 @@ impl Network {
         if first {
             md.push_str(
                 "Each client has its own connection or session; latency is from the return of one \
-                 client's release call to another client's grant. RTT = one plain read round trip \
-                 of the backend (Redis `PING`, etcd `get`, ZooKeeper `exists`; Redlock: all masters \
+                 client's release call to another client's grant. Ours and the peer run the same \
+                 number of grants in alternating rounds, each round started by the other one. \
+                 RTT = one plain read round trip of the backend (Redis `PING`, etcd `get`, ZooKeeper `exists`; Redlock: all masters \
                  at once).\n\n",
             );
         }
