@@ -14,7 +14,6 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
     KvClient, LeaseClient, LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, TlsOptions,
     Txn, TxnOp, TxnOpResponse, TxnResponse, WatchClient, WatchFilterType, WatchOptions,
-    WatchResponse, WatchStream,
 };
 use futures_util::future::join_all;
 use futures_util::stream::BoxStream;
@@ -23,6 +22,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 use crate::config::EtcdOptions;
 use crate::keys::{attempt_key, name_prefix, parse_attempt_key};
 use crate::session::Session;
+use crate::watches::{NameWatches, Note};
 
 /// What the etcd backend declares: correctness grade, cluster-wide monotonic fencing (create
 /// revisions), FIFO by revision, client-side re-entrancy, whole-second TTLs (the session lease),
@@ -56,57 +56,57 @@ const READD_EVERY: Duration = Duration::from_secs(1);
 /// How many times cleanup of our own key is tried before the session TTL is left to do it.
 const CLEANUP_TRIES: u32 = 3;
 
-/// How close to the head a waiter watches every delete under the name, so it is granted on the
-/// holder's delete event itself. Further back it follows the one key `NEAR + 1` places ahead, so
-/// any delete wakes at most `NEAR + 1` waiters whatever the queue's length. 1, because each
-/// watcher of the name costs the server a message per delete and each step closer a watch and a
-/// read: 64 clients on one name made 3 000 hand-overs in 6.1-7.0 s with 1, 6.7-9.6 s with 2,
-/// 8.5-8.8 s with 8, 7.3-7.8 s with the whole queue watching.
-const NEAR: usize = 1;
-
-/// A waiter with at most this many keys ahead (any waiter that is not exclusive: it counts the
-/// keys ahead, and any delete may admit it) makes sure its watch is live. etcd starts a watch
-/// that names no start revision just after the revision it read before registering it; a write
-/// committed in between leaves the watch behind ("unsynced"), and the server's catch-up loop
-/// delivers its events up to 100 ms late (seen: 3 % of the hand-overs with 8 clients took 30 to
-/// 100 ms, each on a watch made just before). A read answered at the revision of the watch's
-/// creation proves no write came in between; when it does not, a second watch of the same keys
-/// is made beside the first, and the events of either count, so a hand-over waits on the
-/// catch-up loop only when both fell behind. Further back, the loop catches up long before the
-/// waiter's turn, and the extra read and watch would only load the server (64 clients: 698
-/// hand-overs/s without them, 477 with them for every waiter).
-const BACKUP_WITHIN: usize = 8;
+/// How many of the keys ahead an exclusive entry reads, nearest first. With more ahead it
+/// follows the farthest of them alone (one watch of one key: a release wakes one far waiter);
+/// within it, it applies the name's shared watch ([`crate::watches`]), which only clients
+/// near the head keep open. 8: every waiter of a queue of up to 9 clients waits on its shared
+/// watch with nothing to make on its turn (8 clients, 0.5 ms RTT: 462 hand-overs/s against 359
+/// with 4), and in a long queue a waiter reaches it seven hand-overs before its turn.
+const WINDOW: usize = 8;
 
 /// What a waiter knows of the keys ahead of its own, true as of revision `at`.
 struct Ahead {
     /// How our entry is admitted.
     admission: Admission,
     /// The nearest keys created before ours, nearest first, with their limits. An exclusive
-    /// entry reads at most `NEAR + 1` (it waits for them all, so a full list may be cut short:
+    /// entry reads at most [`WINDOW`] (it waits for them all, so a full list may be cut short:
     /// more keys may be further ahead); any other reads them all (it counts them).
     keys: Vec<(Vec<u8>, u32)>,
-    /// How many keys the server counted ahead of ours (all of them, where `keys` may be cut
-    /// short); at most that many, when read with the enqueue (keys behind ours count there too).
-    count: usize,
+    /// `keys` holds every key ahead of ours.
+    whole: bool,
     /// Our own key still exists (with our create revision).
     alive: bool,
     /// The revision this view is true at (only events after it change it); `None` once it may
-    /// be stale (a watch ended, or a key not followed may be gone): read again before deciding.
+    /// be stale (a watch ended, or the key followed went): read again before deciding.
     at: Option<i64>,
 }
 
 impl Ahead {
-    /// `None`: the list is whole, so every delete under the name is followed; else the one key
-    /// to follow, `NEAR + 1` places ahead.
-    fn follows(&self) -> Option<&[u8]> {
-        (self.admission == Admission::Exclusive && self.keys.len() > NEAR)
-            .then(|| self.keys[NEAR].0.as_slice())
+    fn new(admission: Admission, keys: Vec<(Vec<u8>, u32)>, whole: bool, at: i64) -> Self {
+        Ahead {
+            admission,
+            keys,
+            whole,
+            alive: true,
+            at: Some(at),
+        }
     }
 
-    /// The policy admits our entry behind the keys ahead.
+    /// `None`: the list is whole, so every delete under the name is applied; else the one key
+    /// to follow, the farthest read.
+    fn follows(&self) -> Option<&[u8]> {
+        match self.keys.last() {
+            Some((k, _)) if !self.whole => Some(k),
+            _ => None,
+        }
+    }
+
+    /// The policy admits our entry behind the keys ahead (none left out).
     fn admitted(&self) -> bool {
-        self.admission
-            .admitted(self.keys.iter().map(|(_, limit)| *limit))
+        self.whole
+            && self
+                .admission
+                .admitted(self.keys.iter().map(|(_, limit)| *limit))
     }
 
     /// Nothing left to wait for: our key is gone, or it is admitted.
@@ -114,23 +114,19 @@ impl Ahead {
         !self.alive || self.admitted()
     }
 
-    /// Applies the delete events of `w` that come after this view; returns the keys removed.
-    fn apply(&mut self, w: &WatchResponse, ours: &[u8]) -> Vec<Vec<u8>> {
-        let mut gone = Vec::new();
-        for kv in w
-            .events()
+    /// Applies the deletes that come after this view; a key not in the list was behind ours
+    /// (the list is whole) and changes nothing.
+    fn apply(&mut self, deletes: &[(Vec<u8>, i64)], ours: &[u8]) {
+        for (key, _) in deletes
             .iter()
-            .filter(|e| e.event_type() == EventType::Delete)
-            .filter_map(|e| e.kv())
-            .filter(|kv| self.at.is_none_or(|at| kv.mod_revision() > at))
+            .filter(|(_, rev)| self.at.is_none_or(|at| *rev > at))
         {
-            if kv.key() == ours {
+            if key == ours {
                 self.alive = false;
-            } else if let Some(i) = self.keys.iter().position(|(k, _)| k == kv.key()) {
-                gone.push(self.keys.remove(i).0);
+            } else if let Some(i) = self.keys.iter().position(|(k, _)| k == key) {
+                self.keys.remove(i);
             }
         }
-        gone
     }
 }
 
@@ -157,6 +153,8 @@ struct Inner {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// Sessions by lease id, so renew / release find the session a grant lives on.
     sessions: Mutex<Vec<std::sync::Weak<Session>>>,
+    /// The name watches its waits share.
+    watches: NameWatches,
     /// etcd gives every txn that changes a key the next revision (a lease expiry that deletes
     /// keys too; one that changes nothing keeps it), so a gap of 2 between our released key's
     /// create revision and our new one proves a repeat grant (see [`RepeatGrant`]).
@@ -232,6 +230,7 @@ impl EtcdBackend {
                 session: tokio::sync::Mutex::new(None),
                 sessions: Mutex::new(Vec::new()),
                 repeat: RepeatGrant::default(),
+                watches: NameWatches::default(),
             }),
         })
     }
@@ -436,14 +435,7 @@ impl EtcdBackend {
                 .as_ref()
                 .is_some_and(|p| self.inner.repeat.proves_alone(p, at))
             {
-                let ahead = Ahead {
-                    admission,
-                    keys: Vec::new(),
-                    count: 0,
-                    alive: true,
-                    at: Some(at),
-                };
-                return Ok((at, ahead));
+                return Ok((at, Ahead::new(admission, Vec::new(), true, at)));
             }
             if alone {
                 return Ok((at, self.read_ahead(prefix, key, at, admission).await?));
@@ -453,23 +445,16 @@ impl EtcdBackend {
             return Err(self.err_text("the enqueue txn answered without its read"));
         };
         if resp.succeeded() {
-            let keys = got
+            let keys: Vec<_> = got
                 .kvs()
                 .iter()
                 .filter(|kv| kv.create_revision() < at)
                 .map(limited)
                 .take(window(admission))
                 .collect();
-            return Ok((
-                at,
-                Ahead {
-                    admission,
-                    keys,
-                    count: usize::try_from(got.count()).unwrap_or(0).saturating_sub(1),
-                    alive: true,
-                    at: Some(at),
-                },
-            ));
+            // Nothing is behind a key just put: the count less ours is what is ahead.
+            let whole = usize::try_from(got.count()).unwrap_or(0) <= keys.len() + 1;
+            return Ok((at, Ahead::new(admission, keys, whole, at)));
         }
         match got.kvs().first() {
             Some(kv) if kv.value() == entry.as_bytes() => {
@@ -509,16 +494,14 @@ impl EtcdBackend {
         let (Some(preds), Some(ours)) = (gets.next(), gets.next()) else {
             return Err(self.err_text("a read txn answered without its reads"));
         };
-        Ok(Ahead {
-            admission,
-            keys: preds.kvs().iter().map(limited).collect(),
-            count: usize::try_from(preds.count()).unwrap_or(0),
-            alive: ours
-                .kvs()
-                .first()
-                .is_some_and(|kv| kv.create_revision() == my_rev),
-            at: Some(at),
-        })
+        let keys: Vec<_> = preds.kvs().iter().map(limited).collect();
+        // `more`: the limit cut the keys ahead short (etcd's count is of the whole name).
+        let mut ahead = Ahead::new(admission, keys, !preds.more(), at);
+        ahead.alive = ours
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == my_rev);
+        Ok(ahead)
     }
 
     /// Waits until the policy admits our key (`key`, created at `my_rev`; for an exclusive entry:
@@ -527,14 +510,12 @@ impl EtcdBackend {
     /// while it waited).
     ///
     /// Only events after the revision a view was read at change it, and a watch reports every
-    /// event after its start, in order: so within [`NEAR`] of the head the waiter applies the
-    /// name's delete events to its list and is granted on the event that empties it, with no
-    /// read after it (committed history: the same facts a linearizable read would return, and
-    /// our own key's delete would have come first). Further back it follows the key `NEAR + 1`
-    /// places ahead; once that key is gone it watches again, then reads what is left. A watch
-    /// starts at "now" (one started behind the current revision is served by etcd's 100 ms
-    /// unsynced loop, which stalled hand-overs), and what happened between the view and the
-    /// watch's start is read once, after the watch is in place.
+    /// delete after it is in place, in order. Within [`WINDOW`] of the head the waiter applies
+    /// the name's delete events (the client's shared watch) to its view and is granted on the
+    /// event that empties it, with no read after it (committed history: the same facts a
+    /// linearizable read would return, and our own key's delete would have come first). Further
+    /// back it follows the farthest key it read alone, and reads again once it goes. A view
+    /// older than the watch it waits on is read again once the watch is in place.
     async fn wait_turn(
         &self,
         prefix: &str,
@@ -545,6 +526,10 @@ impl EtcdBackend {
         deadline: Instant,
     ) -> Result<bool> {
         let session_lost = session.lost_signal();
+        let timeout = || LockError::Timeout {
+            name: String::new(),
+            waited: Duration::ZERO,
+        };
         let mut refused = false;
         loop {
             if ahead.at.is_some() && ahead.done() {
@@ -556,93 +541,94 @@ impl EtcdBackend {
             if std::mem::take(&mut refused) {
                 tokio::select! {
                     _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                    _ = tokio::time::sleep_until(deadline) => {
-                        return Err(LockError::Timeout { name: String::new(), waited: Duration::ZERO });
-                    }
+                    _ = tokio::time::sleep_until(deadline) => return Err(timeout()),
                 }
             }
-            let follows = ahead.follows().map(<[u8]>::to_vec);
-            let watched = follows
-                .clone()
-                .unwrap_or_else(|| prefix.as_bytes().to_vec());
-            let mut options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-            if follows.is_none() {
-                options = options.with_prefix();
+            let waited = tokio::select! {
+                w = self.follow(prefix, key, my_rev, &mut ahead) => w,
+                _ = session_lost.wait() => {
+                    return Err(self.err_text("the session lease died while waiting"));
+                }
+                _ = tokio::time::sleep_until(deadline) => return Err(timeout()),
+            };
+            if !waited? {
+                ahead.at = None;
+                refused = true;
             }
-            let open = || {
-                self.call(&self.inner.watch, |mut c| {
-                    let (k, o) = (watched.clone(), options.clone());
+        }
+    }
+
+    /// One watch's worth of [`EtcdBackend::wait_turn`]: returns `Ok(true)` when `ahead` is to be
+    /// decided on (done, or stale: read again), `Ok(false)` when the watch was refused or ended.
+    async fn follow(
+        &self,
+        prefix: &str,
+        key: &str,
+        my_rev: i64,
+        ahead: &mut Ahead,
+    ) -> Result<bool> {
+        // A stale view is read on the shared watch: the read decides how far back it is.
+        if let Some(far) = ahead.at.and(ahead.follows()).map(<[u8]>::to_vec) {
+            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+            let mut watch = self
+                .call(&self.inner.watch, |mut c| {
+                    let (k, o) = (far.clone(), options.clone());
                     async move { c.watch(k, Some(o)).await }
                 })
-            };
-            let mut watch = open().await?;
-            // A second watch of the same keys, made near the head when the read after the first
-            // one's creation does not prove it live (see [`BACKUP_WITHIN`]); the events of both
-            // count.
-            let mut backup: Option<WatchStream> = None;
+                .await?;
+            let mut proving = true;
             loop {
-                let (from_backup, msg) = tokio::select! {
-                    msg = watch.message() => (false, msg),
-                    msg = next_message(&mut backup) => (true, msg),
-                    _ = session_lost.wait() => {
-                        return Err(self.err_text("the session lease died while waiting"));
-                    }
-                    _ = tokio::time::sleep_until(deadline) => {
-                        return Err(LockError::Timeout { name: String::new(), waited: Duration::ZERO });
-                    }
-                };
-                match msg {
-                    // Compacted, refused (created and cancelled at once) or ended: watch
-                    // again, then read.
-                    Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => {
-                        ahead.at = None;
-                        refused = w.canceled();
-                        break;
-                    }
-                    // The backup covers what the first watch covers: nothing to read.
-                    Ok(Some(w)) if w.created() && from_backup => {}
-                    Ok(Some(w)) if w.created() => {
+                match watch.message().await {
+                    Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => return Ok(false),
+                    // The first creation is proven by a read at its revision (see
+                    // [`crate::watches`]); the key's second watch, made when it is not, covers
+                    // the same key: nothing to read.
+                    Ok(Some(w)) if w.created() && std::mem::take(&mut proving) => {
                         let from = w.header().map_or(i64::MAX, |h| h.revision());
-                        // Near the head, read even when the view is as new as the watch: the
-                        // read's revision is the proof that the watch is live.
-                        let near =
-                            ahead.count <= BACKUP_WITHIN || ahead.admission != Admission::Exclusive;
-                        if near || ahead.at.is_none_or(|at| from > at) {
-                            ahead = self
-                                .read_ahead(prefix, key, my_rev, ahead.admission)
-                                .await?;
-                            if ahead.follows() != follows.as_deref() || ahead.done() {
-                                break;
-                            }
-                            // Best effort: the first watch alone is complete, only maybe late.
-                            if near && ahead.at != Some(from) {
-                                backup = open().await.ok();
-                            }
+                        *ahead = self
+                            .read_ahead(prefix, key, my_rev, ahead.admission)
+                            .await?;
+                        if ahead.follows() != Some(far.as_slice()) || ahead.done() {
+                            return Ok(true);
+                        }
+                        // Best effort: the first watch alone is complete, only maybe late.
+                        if ahead.at != Some(from) {
+                            let _ = watch.watch(far.clone(), Some(options.clone())).await;
                         }
                     }
-                    Ok(Some(w)) => {
-                        let gone = ahead.apply(&w, key.as_bytes());
-                        if ahead.done() {
-                            break;
-                        }
-                        // The followed key is gone: watch the name, then read what is left.
-                        if follows.as_ref().is_some_and(|k| gone.contains(k)) {
-                            ahead.at = None;
-                            break;
-                        }
-                    }
-                    Ok(None) => {
+                    // The followed key went: read what is left.
+                    Ok(Some(w))
+                        if w.events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete) =>
+                    {
                         ahead.at = None;
-                        refused = true;
-                        break;
+                        return Ok(true);
                     }
-                    Err(e) if transient(&e) => {
-                        ahead.at = None;
-                        refused = true;
-                        break;
-                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => return Ok(false),
+                    Err(e) if transient(&e) => return Ok(false),
                     Err(e) => return Err(self.err(e)),
                 }
+            }
+        }
+        let mut watch = self.inner.watches.subscribe(self, prefix);
+        let Some(live) = watch.live().await else {
+            return Ok(false);
+        };
+        loop {
+            // What came before the watch is read now; what comes after arrives as events.
+            if ahead.at.is_none_or(|at| at < live) {
+                *ahead = self
+                    .read_ahead(prefix, key, my_rev, ahead.admission)
+                    .await?;
+            }
+            if ahead.done() || ahead.follows().is_some() {
+                return Ok(true);
+            }
+            match watch.next().await.as_deref() {
+                Some(Note::Deletes(d)) => ahead.apply(d, key.as_bytes()),
+                _ => return Ok(false),
             }
         }
     }
@@ -854,21 +840,11 @@ impl Drop for QueuedKey {
     }
 }
 
-/// The next message of `watch`, if there is one; never, if not.
-async fn next_message(
-    watch: &mut Option<WatchStream>,
-) -> std::result::Result<Option<WatchResponse>, etcd_client::Error> {
-    match watch {
-        Some(w) => w.message().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// How many keys ahead an entry reads: an exclusive one waits for them all, so it follows the
-/// nearest `NEAR + 1` only; any other counts them, so it reads them all (0: no limit).
+/// How many keys ahead an entry reads: an exclusive one the nearest [`WINDOW`]; any other
+/// counts them, so it reads them all.
 fn window(admission: Admission) -> usize {
     match admission {
-        Admission::Exclusive => NEAR + 1,
+        Admission::Exclusive => WINDOW,
         _ => usize::MAX,
     }
 }
@@ -881,7 +857,7 @@ fn keys_ahead(admission: Admission, my_rev: Option<i64>) -> GetOptions {
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend);
     if admission == Admission::Exclusive {
-        let newest = (NEAR + 1 + usize::from(my_rev.is_none())) as i64;
+        let newest = (WINDOW + usize::from(my_rev.is_none())) as i64;
         get = get.with_limit(newest).with_keys_only();
     }
     match my_rev {

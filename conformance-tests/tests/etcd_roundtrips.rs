@@ -2,8 +2,9 @@
 //! cluster is its put alone (the revision gap proves the queue empty), with no range read; a
 //! release is one compare-and-delete txn on the key's value. That
 //! it never passes a holder in between is the scenario `repeat_acquire_waits_for_a_holder_in_between`.
-//! A waiter near the head whose watch is not proven live keeps a second one (the member's
-//! watcher count).
+//! A name's watch not proven live gets a second one (the member's watcher count). Clients
+//! taking turns on a name wait on its shared watch and open no watch per wait (the member's
+//! watch streams).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,13 +103,13 @@ async fn watchers_until(port: u16, ok: impl Fn(f64) -> bool) -> f64 {
 
 /// The guard against etcd's unsynced watches (the hand-over tail of issue 27): a watch that
 /// names no start revision and meets a write while etcd registers it is left behind, and its
-/// events then come from the server's catch-up loop, up to 100 ms late. A waiter near the head
-/// reads right after its watch is created; a read at another revision than the watch's does not
-/// prove it live, and the waiter opens a second watch. The race itself is inside the server and
-/// cannot be forced, so this checks the guard: the waiter's link is slow (100 ms each way), and
-/// a writer commits every 2 ms or so meanwhile, so writes land in the 200 ms between the
-/// watch's creation and the read; the member must then hold two watchers for the waiter (one
-/// without the guard, seen failing so), and none once it is granted.
+/// events then come from the server's catch-up loop, up to 100 ms late. A name's shared watch is
+/// read right after it is created; a read at another revision than the watch's does not prove
+/// it live, and a second watch is made. The race itself is inside the server and cannot be
+/// forced, so this checks the guard: the waiter's link is slow (100 ms each way), and a writer
+/// commits every 2 ms or so meanwhile, so writes land in the 200 ms between the watch's
+/// creation and the read; the member must then hold two watchers for the waiter (one without
+/// the guard, seen failing so), and none once it is granted and its name's watch went idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_watch_is_not_proven_live_keeps_a_second_one() {
     let d = deploy("etcd", 1, false).await;
@@ -169,4 +170,62 @@ async fn a_waiter_whose_watch_is_not_proven_live_keeps_a_second_one() {
         "the granted waiter left a watch behind"
     );
     assert!(lease.release().await.expect("release"));
+}
+
+/// Watch streams the member has started so far.
+async fn watch_streams(port: u16) -> f64 {
+    tokio::task::spawn_blocking(move || {
+        metric_sum(
+            port,
+            &[("grpc_server_started_total", "grpc_method=\"Watch\"")],
+        )
+    })
+    .await
+    .expect("metrics")
+    .expect("the member's metrics")
+}
+
+/// Each client takes `name` `turns` times, holding it 5 ms so the others queue behind it.
+async fn take_turns(clients: &[LockClient], name: &str, turns: usize) {
+    let mut tasks = Vec::new();
+    for c in clients {
+        let (c, name) = (c.clone(), name.to_string());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..turns {
+                let lease = c
+                    .acquire(&name, &opts(), Duration::from_secs(10))
+                    .await
+                    .expect("acquire");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                assert!(lease.release().await.expect("release"));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("turns");
+    }
+}
+
+/// The hand-over path of issue 27: a waiter that made its watch on its turn put a new stream,
+/// a read and at times etcd's 100 ms catch-up loop between the holder's release and its grant.
+/// Clients taking turns on one name now wait on the name's shared watch, made once per client:
+/// 90 turns open no new watch stream (before: 251 for 90 turns, seen failing so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_taking_turns_wait_on_the_names_shared_watch() {
+    let d = deploy("etcd", 1, false).await;
+    let port = d.cluster.metrics_ports[0];
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client(&d.cluster.endpoints()).await);
+    }
+    // Every client waits at least once: its watch of the name is made.
+    take_turns(&clients, "turns", 3).await;
+    let before = watch_streams(port).await;
+    take_turns(&clients, "turns", 30).await;
+    let opened = watch_streams(port).await - before;
+    assert!(
+        opened <= 3.0,
+        "90 turns of 3 clients opened {opened} watch streams: a wait should use its client's \
+         watch of the name"
+    );
 }
