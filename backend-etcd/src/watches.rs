@@ -100,7 +100,7 @@ impl Subscription {
 impl NameWatches {
     /// Subscribes to the watch of `prefix`, starting it if the client has none.
     pub(crate) fn subscribe(&self, backend: &EtcdBackend, prefix: &str) -> Subscription {
-        let mut hubs = self.hubs.lock().expect("watches poisoned");
+        let mut hubs = self.hubs.lock().unwrap_or_else(|p| p.into_inner());
         let hub = hubs
             .entry(prefix.to_string())
             .or_insert_with(|| {
@@ -119,7 +119,7 @@ impl NameWatches {
             .clone();
         // Subscribed before the state is read: a change after the read is a note received.
         let notes = hub.notes.subscribe();
-        let state = *hub.state.lock().expect("watch state poisoned");
+        let state = *hub.state.lock().unwrap_or_else(|p| p.into_inner());
         Subscription { notes, state }
     }
 }
@@ -167,7 +167,7 @@ async fn run(
                             continue;
                         };
                         let at = w.header().map_or(i64::MAX, |h| h.revision());
-                        *hub.state.lock().expect("watch state poisoned") = State::Live(at);
+                        *hub.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Live(at);
                         let _ = hub.notes.send(Arc::new(Note::Live(at)));
                         let proof = GetOptions::new().with_count_only();
                         let read = backend
@@ -198,7 +198,7 @@ async fn run(
                         // A wait that subscribes from now on may have missed these deletes: it
                         // reads at their revision or later.
                         if let Some(h) = w.header() {
-                            let mut state = hub.state.lock().expect("watch state poisoned");
+                            let mut state = hub.state.lock().unwrap_or_else(|p| p.into_inner());
                             if let State::Live(at) = *state {
                                 *state = State::Live(at.max(h.revision()));
                             }
@@ -218,12 +218,12 @@ async fn run(
         }
     }
     if let Some(hubs) = hubs.upgrade() {
-        let mut hubs = hubs.lock().expect("watches poisoned");
+        let mut hubs = hubs.lock().unwrap_or_else(|p| p.into_inner());
         if hubs.get(&prefix).is_some_and(|h| Arc::ptr_eq(h, &hub)) {
             hubs.remove(&prefix);
         }
     }
-    *hub.state.lock().expect("watch state poisoned") = State::Ended;
+    *hub.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Ended;
     let _ = hub.notes.send(Arc::new(Note::Ended));
 }
 
@@ -247,7 +247,7 @@ fn close_if_idle(
     let Some(hubs) = hubs.upgrade() else {
         return true;
     };
-    let mut hubs = hubs.lock().expect("watches poisoned");
+    let mut hubs = hubs.lock().unwrap_or_else(|p| p.into_inner());
     if hub.notes.receiver_count() > 0 {
         return false;
     }
