@@ -15,7 +15,8 @@ use tokio::sync::broadcast;
 
 use crate::backend::EtcdBackend;
 
-/// How long a name's watch stays after its last wait ended: a client that takes the same lock
+/// How long a name's watch stays after its last wait ended, at least (it is checked every
+/// `LINGER`, so it goes between one and two of them later): a client that takes the same lock
 /// again soon finds it in step.
 const LINGER: Duration = Duration::from_secs(1);
 
