@@ -330,6 +330,7 @@ impl LockClient {
             state: Mutex::new(LeaseState {
                 ttl: grant.ttl,
                 deadline: grant.sent_at,
+                expires: grant.sent_at,
                 holds: 1,
                 released: false,
             }),

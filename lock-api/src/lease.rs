@@ -55,6 +55,9 @@ pub(crate) struct LeaseState {
     /// The TTL the server applied last, which renewals ask for again.
     pub(crate) ttl: Duration,
     pub(crate) deadline: Instant,
+    /// By then the server's own expiry has come, whatever happened meanwhile: the TTL it applied
+    /// last, counted from when its answer came back, plus the drift allowance.
+    pub(crate) expires: Instant,
     pub(crate) holds: usize,
     pub(crate) released: bool,
 }
@@ -77,14 +80,17 @@ impl LeaseShared {
         }
     }
 
-    /// Records what the server applied to a grant or renewal sent at `sent`: the deadline moves
-    /// there, earlier as well as later (the server applies a shorter TTL exactly), and the lost
-    /// signal follows. Returns the new deadline. A released lease keeps no deadline.
+    /// Records what the server applied to a grant or renewal sent at `sent`, called as its answer
+    /// arrives: the deadline moves there, earlier as well as later (the server applies a shorter
+    /// TTL exactly), and the lost signal follows. Returns the new deadline. A released lease keeps
+    /// no deadline.
     pub(crate) fn extend(&self, sent: Instant, ttl: Duration) -> Instant {
         let deadline = self.validity(sent, ttl);
+        let expires = Instant::now() + ttl + self.margins.drift(ttl);
         let mut st = self.state();
         st.ttl = ttl;
         st.deadline = deadline;
+        st.expires = expires;
         if !st.released {
             self.lost
                 .set_deadline(Some((deadline, self.deadline_reason())));
@@ -107,12 +113,14 @@ impl LeaseShared {
         self.mode.period(ttl)
     }
 
-    /// Marks the lease lost (the first reason stays, also one a read found at the deadline),
-    /// logs it once and, unless the server said the lock is not ours or the lease was released,
-    /// deletes it in the background (retried as a failed release is), so what the server holds
-    /// follows what the holder was told: a lease lost at its deadline or with a disconnected
-    /// session may still be held on the server, and nobody would free it before its holder's
-    /// release.
+    /// Marks the lease lost (the first reason stays, also one a read found at the deadline) and
+    /// logs it once. The lock is not released behind its holder's back: the lead exists so the
+    /// holder can stop before anyone else holds, and a release that got through (a healed link)
+    /// would hand the lock on at once. It comes free when the holder lets go (release, drop),
+    /// or when the TTL the server applied last has run out ([`LeaseState::expires`]): then the
+    /// library deletes it, for a backend whose session outlived the lease (etcd, ZooKeeper), as
+    /// the server's own expiry would have. Nothing is deleted when the server said it is not
+    /// ours.
     pub(crate) fn lose(self: &Arc<Self>, reason: LostReason) {
         self.lost.fire(reason);
         if self.loss_handled.swap(true, Ordering::AcqRel) {
@@ -128,9 +136,24 @@ impl LeaseShared {
             %reason,
             "distlock lease lost"
         );
-        if reason != LostReason::RenewalRefused && !self.state().released {
-            self.clone().spawn_release();
+        if reason == LostReason::RenewalRefused {
+            return;
         }
+        let expires = {
+            let st = self.state();
+            if st.released {
+                return;
+            }
+            st.expires
+        };
+        let shared = self.clone();
+        self.runtime.spawn(async move {
+            tokio::time::sleep_until(expires).await;
+            // A holder that let go meanwhile released it on its own path.
+            if !shared.state().released {
+                shared.spawn_release();
+            }
+        });
     }
 
     fn lost_error(&self, reason: LostReason) -> LockError {
@@ -228,9 +251,12 @@ impl Drop for ReleaseGuard {
 /// * the [`LostSignal`] fires as soon as the lease is known or presumed lost, and no later than
 ///   the validity deadline (every read checks the deadline itself); after that the holder must
 ///   stop acting as the owner;
-/// * a released, dropped or lost lease comes free on the server: the release is retried in the
+/// * a released or dropped lease comes free on the server: the release is retried in the
 ///   background while it fails, and if it keeps failing, the backend gives up what keeps the
-///   lock alive (its session), so the server frees it within its TTL or session timeout.
+///   lock alive (its session), so the server frees it within its TTL or session timeout;
+/// * a lost lease is freed by its TTL or by its holder, never behind its holder's back: the
+///   library deletes it only once the holder lets go (release, drop) or the TTL the server
+///   applied last has run out, so nobody else is granted during the lead.
 pub struct Lease {
     shared: Arc<LeaseShared>,
     done: bool,
@@ -299,6 +325,13 @@ impl Lease {
     /// The TTL the server applied at the grant or the last renewal.
     pub fn ttl(&self) -> Duration {
         self.shared.state().ttl
+    }
+
+    /// The lost signal's lead for the TTL the server applied last: the least time between the
+    /// lost signal and the moment the server could grant the lock to anyone else. A holder that
+    /// stops within it (writes stopped, a child process killed) is gone before any successor.
+    pub fn lead(&self) -> Duration {
+        self.shared.margins.lead(self.ttl())
     }
 
     /// Time left before the validity deadline; zero once lost. No network call.
@@ -445,7 +478,8 @@ impl Lease {
         }
         // Inline (no task hop on the hot path); a cancelled caller leaves it to a task.
         let mut guard = ReleaseGuard(Some(self.shared.clone()));
-        let held = self.shared.release_once().await;
+        // A lost lease that was still on the server is not ours to report as held.
+        let held = (self.shared.release_once().await).map(|h| h && self.lost_reason().is_none());
         guard.0 = None;
         if held.is_err() {
             let shared = self.shared.clone();

@@ -102,3 +102,46 @@ pub async fn lock_deleted_behind_the_holder_is_reported_lost(d: &dyn Deployment)
     // Release of a lost lease reports it was not held, and touches nothing.
     assert!(!lease.release().await.expect("release"));
 }
+
+/// The holder's link is cut until its lost signal fires, then healed at once (connections reset,
+/// so a request sent from then on goes through), while the holder goes on working and keeps its
+/// lease: a competitor already waiting on another connection is not granted before the TTL the
+/// server applied last has run out. The lead is the holder's time to stop; the library never
+/// hands the lock on behind its back by releasing a lost lease the holder still has. The lock
+/// still comes free without the holder (its TTL, or its session's).
+pub async fn a_lost_lease_is_not_handed_on_behind_its_holder(d: &dyn Deployment) {
+    let name = unique("lost-kept");
+    let (backend, cut) = d.cuttable_client().await;
+    let a = LockClient::new(backend);
+    let lease = a.try_acquire(&name, &opts(d)).await.expect("acquire");
+    let lead = opts(d).lead_for(lease.ttl());
+    let b = client(d).await;
+    let (n, o) = (name.clone(), opts(d));
+    let wait = d.ttl() * 6 + d.expiry_slack();
+    let waiter = tokio::spawn(async move {
+        let got = b.acquire(&n, &o, wait).await;
+        (Instant::now(), got)
+    });
+    sleep(Duration::from_millis(100)).await;
+    cut.cut();
+    // No renewal answered from here on: the server's expiry is at least the lead (and the drift
+    // allowance) after this validity deadline.
+    sleep(Duration::from_millis(50)).await;
+    let valid_until = lease.valid_until();
+    tokio::time::timeout(d.ttl() * 2, lease.lost())
+        .await
+        .expect("the lost signal fired");
+    cut.reset();
+    let (granted_at, won) = waiter.await.expect("waiter task");
+    let won = won.expect("the competitor is granted once the TTL ran out");
+    assert!(
+        granted_at >= valid_until + lead * 3 / 4,
+        "the competitor was granted {:?} after the holder's deadline, inside the lead {lead:?}: \
+         the lost lease was handed on while its holder still had it",
+        granted_at.saturating_duration_since(valid_until)
+    );
+    assert!(lease.lost_reason().is_some());
+    // The holder lets go late: nothing of the new holder's is touched.
+    assert!(!lease.release().await.expect("release"));
+    assert!(won.release().await.expect("release"));
+}
