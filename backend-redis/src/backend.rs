@@ -154,7 +154,8 @@ impl RedisBackend {
             Some(admission) => Ask::Admitted { admission, waiting },
         };
         // A try joins nothing, so it has nothing to leave.
-        let queued = waiting.then(|| QueueGuard::new(self, &keys, &secret));
+        let queued =
+            waiting.then(|| QueueGuard::new(self, &keys, queue_member(&secret, admission)));
         loop {
             let sent = Instant::now();
             let pttl_ms = match self.attempt(&keys, &secret, ttl, ask).await {
@@ -623,9 +624,10 @@ impl RedisBackend {
     }
 
     /// Takes a waiter that gives up (or a Redlock holder its arbiter did not grant) out of the
-    /// queue, and tells the next one if the lock is free. Best effort: a waiter left behind is
-    /// dropped when its liveness runs out.
-    pub(crate) async fn leave_queue(&self, keys: &LockKeys, secret: &OwnerSecret) {
+    /// queue, and tells the next one if the lock is free. `member` is the entry as it was queued
+    /// ([`queue_member`]). Best effort: a waiter left behind is dropped when its liveness runs
+    /// out.
+    pub(crate) async fn leave_queue(&self, keys: &LockKeys, member: &[u8]) {
         let mut conn = self.conn.clone();
         let left: Result<i64> = self
             .run(
@@ -633,7 +635,7 @@ impl RedisBackend {
                     .arg(keys.queue())
                     .arg(keys.alive())
                     .arg(&keys.lock)
-                    .arg(&secret.expose_hex_bytes()[..])
+                    .arg(member)
                     .arg(keys.turn()),
                 &mut conn,
             )
@@ -741,25 +743,32 @@ async fn connecting(
         .map_err(|e| redis_error(server, e))
 }
 
+/// The queue member of an entry: the owner secret, then the limit's suffix when it is not 1
+/// ([`Admission::entry_suffix`], as [`scripts::ADMIT`] writes it).
+pub(crate) fn queue_member(secret: &OwnerSecret, admission: Option<Admission>) -> Vec<u8> {
+    let mut member = secret.expose_hex_bytes().to_vec();
+    if let Some(admission) = admission {
+        member.extend_from_slice(admission.entry_suffix().as_bytes());
+    }
+    member
+}
+
 /// Armed while a waiter may be in the queue: dropped armed (the acquire future was cancelled)
 /// it leaves the queue in the background.
 pub(crate) struct QueueGuard<'a> {
     backend: &'a RedisBackend,
     keys: &'a LockKeys,
-    secret: &'a OwnerSecret,
+    /// The entry as queued ([`queue_member`]): a permit's or a reader's carries its limit.
+    member: Vec<u8>,
     armed: bool,
 }
 
 impl<'a> QueueGuard<'a> {
-    pub(crate) fn new(
-        backend: &'a RedisBackend,
-        keys: &'a LockKeys,
-        secret: &'a OwnerSecret,
-    ) -> Self {
+    pub(crate) fn new(backend: &'a RedisBackend, keys: &'a LockKeys, member: Vec<u8>) -> Self {
         QueueGuard {
             backend,
             keys,
-            secret,
+            member,
             armed: true,
         }
     }
@@ -781,7 +790,7 @@ impl<'a> QueueGuard<'a> {
     /// dropped meanwhile leaves it to the background, instead of leaving a waiter that holds the
     /// queue up until its liveness runs out.
     pub(crate) async fn leave(mut self) {
-        self.backend.leave_queue(self.keys, self.secret).await;
+        self.backend.leave_queue(self.keys, &self.member).await;
         self.armed = false;
     }
 }
@@ -792,8 +801,9 @@ impl Drop for QueueGuard<'_> {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
-            rt.spawn(async move { b.leave_queue(&k, &s).await });
+            let (b, k) = (self.backend.clone(), self.keys.clone());
+            let member = std::mem::take(&mut self.member);
+            rt.spawn(async move { b.leave_queue(&k, &member).await });
         }
     }
 }

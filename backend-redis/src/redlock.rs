@@ -50,7 +50,9 @@ use futures_util::future::{join_all, select_all};
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::backend::{Ask, Attempt, QueueGuard, RedisBackend, Sent, Tell, WAITER_TTL};
+use crate::backend::{
+    Ask, Attempt, QueueGuard, RedisBackend, Sent, Tell, WAITER_TTL, queue_member,
+};
 use crate::config::{RedisOptions, RedlockOptions};
 use crate::keys::{LockKeys, slot};
 use crate::notify::Subscription;
@@ -512,7 +514,11 @@ impl RedlockBackend {
                 Ok(true) => {}
                 // Granted without the arbiter: we may still be in its queue; leaving it tells
                 // the head if the arbiter is free.
-                Ok(false) => self.nodes[arbiter].leave_queue(keys, secret).await,
+                Ok(false) => {
+                    self.nodes[arbiter]
+                        .leave_queue(keys, &queue_member(secret, None))
+                        .await
+                }
                 // Silent arbiter: the others announce it to every waiter.
                 Err(_) => {
                     join_all(
@@ -714,7 +720,11 @@ impl LockBackend for RedlockBackend {
         if self.out_of_time(1, deadline) {
             return Err(timed_out(name, started));
         }
-        let queued = QueueGuard::new(&self.nodes[self.arbiter_of(&keys)], &keys, &secret);
+        let queued = QueueGuard::new(
+            &self.nodes[self.arbiter_of(&keys)],
+            &keys,
+            queue_member(&secret, None),
+        );
         match self
             .wait(name, &keys, &secret, ttl, deadline, started)
             .await

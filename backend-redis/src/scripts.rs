@@ -248,7 +248,8 @@ return {{1, token}}
     ))
 });
 
-/// KEYS: queue, alive, lock. ARGV: secret, turn channel prefix.
+/// KEYS: queue, alive, lock. ARGV: queue member (the secret, with `#<limit>` for a permit or a
+/// reader, as [`ADMIT`] queued it), turn channel prefix.
 /// A waiter that gives up (timeout, error, cancellation) leaves the queue; if the lock is free,
 /// the new head is told at once instead of at its next re-check.
 pub static LEAVE: LazyLock<Lua> = LazyLock::new(|| {

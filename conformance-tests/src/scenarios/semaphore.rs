@@ -36,10 +36,13 @@ fn queue(prefix: &str, name: &str) -> LockName {
 
 /// Waits until the server shows `n` entries (held or queued) for `name`, or panics.
 async fn entries(d: &dyn Deployment, name: &LockName, n: usize) {
-    let seen = eventually(Duration::from_secs(5), || async {
-        d.artifacts(name).await == n
-    })
-    .await;
+    entries_within(d, name, n, Duration::from_secs(5)).await
+}
+
+/// [`entries`] within `within`: shorter than a waiter's liveness (3 s on Redis), to see that a
+/// waiter that gave up left at once rather than being dropped when its liveness ran out.
+async fn entries_within(d: &dyn Deployment, name: &LockName, n: usize, within: Duration) {
+    let seen = eventually(within, || async { d.artifacts(name).await == n }).await;
     assert!(seen, "{name}: {} entries, not {n}", d.artifacts(name).await);
 }
 
@@ -149,36 +152,152 @@ pub async fn a_killed_holder_process_returns_its_permit(d: &dyn Deployment) {
 }
 
 /// Waiters that time out or are dropped leave nothing queued, and the permits they waited for
-/// go to the waiter behind them.
+/// go to the waiter behind them; with one permit and with several (whose queue entries record
+/// their count). Then a loop of short waits, each timing out while every permit is held, is
+/// granted as soon as permits come back: none of its own earlier waits is left ahead of it.
 pub async fn cancelled_permit_waiters_leave_nothing(d: &dyn Deployment) {
-    let name = unique("semaphore-cancel");
-    let key = queue(SEMAPHORE_LOCK_PREFIX, &name);
-    let s = semaphore(d, &name, 1).await;
-    let held = s.try_acquire().await.expect("permit");
-    let timed_out = semaphore(d, &name, 1)
-        .await
-        .acquire(Duration::from_millis(300))
-        .await;
+    for permits in [1, 3] {
+        let name = unique("semaphore-cancel");
+        let key = queue(SEMAPHORE_LOCK_PREFIX, &name);
+        let s = semaphore(d, &name, permits).await;
+        let mut held = Vec::new();
+        for _ in 0..permits {
+            held.push(s.try_acquire().await.expect("permit"));
+        }
+        let timed_out = semaphore(d, &name, permits)
+            .await
+            .acquire(Duration::from_millis(300))
+            .await;
+        assert!(
+            matches!(timed_out, Err(LockError::Timeout { ref name, .. }) if name == s.name()),
+            "{timed_out:?}"
+        );
+        let dropped = semaphore(d, &name, permits).await;
+        assert!(
+            timeout(
+                Duration::from_millis(300),
+                dropped.acquire(Duration::from_secs(60))
+            )
+            .await
+            .is_err()
+        );
+        entries_within(d, &key, permits as usize, Duration::from_secs(1)).await;
+        // A permit back: a try is admitted at once, nothing of theirs ahead of it.
+        let last = held.pop().expect("a permit");
+        assert!(last.release().await.expect("release"));
+        held.push(s.try_acquire().await.unwrap_or_else(|e| {
+            panic!("{permits} permits, one free after two waits gave up: {e:?}")
+        }));
+        // A retry loop of short waits while every permit is held, then all of them come back.
+        let retry = semaphore(d, &name, permits).await;
+        let looping = tokio::spawn(async move {
+            loop {
+                match retry.acquire(Duration::from_millis(150)).await {
+                    Ok(permit) => break (Instant::now(), permit),
+                    Err(LockError::Timeout { .. }) => {}
+                    Err(e) => panic!("retry loop: {e:?}"),
+                }
+            }
+        });
+        sleep(Duration::from_millis(700)).await;
+        let freed = Instant::now();
+        for permit in held.drain(..) {
+            assert!(permit.release().await.expect("release"));
+        }
+        let (granted, permit) = timeout(Duration::from_secs(5), looping)
+            .await
+            .unwrap_or_else(|_| panic!("{permits} permits free, the retry loop is not granted"))
+            .expect("task");
+        assert!(
+            granted - freed < Duration::from_secs(1),
+            "the retry loop was granted {:?} after the permits came free",
+            granted - freed
+        );
+        let waiter = semaphore(d, &name, permits).await;
+        let behind = permits.saturating_sub(1) as usize;
+        let mut fill = Vec::new();
+        for _ in 0..behind {
+            fill.push(s.try_acquire().await.expect("permit"));
+        }
+        let next = tokio::spawn(async move { waiter.acquire(Duration::from_secs(30)).await });
+        entries(d, &key, permits as usize + 1).await;
+        assert!(permit.release().await.expect("release"));
+        let next = next.await.expect("task").expect("the waiter behind them");
+        assert!(next.release().await.expect("release"));
+        for permit in fill {
+            assert!(permit.release().await.expect("release"));
+        }
+        entries(d, &key, 0).await;
+    }
+}
+
+/// Readers and writers whose waits time out or are dropped leave nothing queued: once the lock
+/// comes free, a try of the other kind is admitted at once, and a retry loop of short reads
+/// behind a writer is granted as soon as the writer leaves.
+pub async fn cancelled_reader_and_writer_waits_leave_nothing(d: &dyn Deployment) {
+    let name = unique("rwlock-cancel");
+    let key = queue(RWLOCK_LOCK_PREFIX, &name);
+    let w = rwlock(d, &name).await;
+    let r = rwlock(d, &name).await;
+    // Readers give up behind a writer.
+    let write = w.try_write().await.expect("write");
+    assert!(matches!(
+        r.read(Duration::from_millis(300)).await,
+        Err(LockError::Timeout { .. })
+    ));
     assert!(
-        matches!(timed_out, Err(LockError::Timeout { ref name, .. }) if name == s.name()),
-        "{timed_out:?}"
+        timeout(Duration::from_millis(300), r.read(Duration::from_secs(60)))
+            .await
+            .is_err()
     );
-    let dropped = semaphore(d, &name, 1).await;
-    assert!(
-        timeout(
-            Duration::from_millis(300),
-            dropped.acquire(Duration::from_secs(60))
-        )
+    entries_within(d, &key, 1, Duration::from_secs(1)).await;
+    assert!(write.release().await.expect("release"));
+    let write = w
+        .try_write()
         .await
-        .is_err()
+        .expect("a writer once the readers gave up");
+    // A retry loop of short reads behind the writer.
+    let looping = {
+        let r = rwlock(d, &name).await;
+        tokio::spawn(async move {
+            loop {
+                match r.read(Duration::from_millis(150)).await {
+                    Ok(read) => break (Instant::now(), read),
+                    Err(LockError::Timeout { .. }) => {}
+                    Err(e) => panic!("retry loop: {e:?}"),
+                }
+            }
+        })
+    };
+    sleep(Duration::from_millis(700)).await;
+    let freed = Instant::now();
+    assert!(write.release().await.expect("release"));
+    let (granted, read) = timeout(Duration::from_secs(5), looping)
+        .await
+        .expect("the writer left, the read loop is not granted")
+        .expect("task");
+    assert!(
+        granted - freed < Duration::from_secs(1),
+        "the read loop was granted {:?} after the writer left",
+        granted - freed
     );
-    entries(d, &key, 1).await;
-    let waiter = semaphore(d, &name, 1).await;
-    let next = tokio::spawn(async move { waiter.acquire(Duration::from_secs(30)).await });
-    entries(d, &key, 2).await;
-    assert!(held.release().await.expect("release"));
-    let next = next.await.expect("task").expect("the waiter behind them");
-    assert!(next.release().await.expect("release"));
+    // Writers give up behind a reader.
+    assert!(matches!(
+        w.write(Duration::from_millis(300)).await,
+        Err(LockError::Timeout { .. })
+    ));
+    assert!(
+        timeout(Duration::from_millis(300), w.write(Duration::from_secs(60)))
+            .await
+            .is_err()
+    );
+    entries_within(d, &key, 1, Duration::from_secs(1)).await;
+    // A later reader is not held back by a writer that gave up.
+    let other = r.try_read().await.expect("a reader beside the reader");
+    assert!(read.release().await.expect("release"));
+    assert!(other.release().await.expect("release"));
+    let write = w.try_write().await.expect("a writer once the readers left");
+    assert!(write.release().await.expect("release"));
     entries(d, &key, 0).await;
 }
 
