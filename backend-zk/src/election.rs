@@ -12,7 +12,7 @@ use zookeeper_client::{Error as ZkError, OneshotWatcher};
 
 use crate::ZkBackend;
 use crate::backend::is_zk;
-use crate::inspect::{HEAD_TRIES, head_of};
+use crate::inspect::head_of;
 use crate::paths::{lock_dir, owned_by};
 
 /// What observers' hints compare: the head node and its data version.
@@ -39,26 +39,29 @@ impl ZkBackend {
     }
 
     /// The lowest node of the name's directory and its announced value, read after a `sync`
-    /// ([`ZkBackend::synced_head`]), so a follower's stale view is never reported.
+    /// ([`ZkBackend::synced_queue`]), so a follower's stale view is never reported, and a head
+    /// deleted between the listing and the read gives the next one, never "nobody".
     pub(crate) async fn head_node(&self, name: &LockName) -> Result<Option<Leader>> {
         let dir = lock_dir(&self.options().root, name);
         let epoch = self.epoch().await?;
-        for _ in 0..HEAD_TRIES {
-            let Some((head, _)) = self.synced_head(&epoch, &dir).await? else {
+        loop {
+            let queue = self.synced_queue(&epoch, &dir).await?;
+            if queue.is_empty() {
                 return Ok(None);
-            };
-            match self.call(epoch.client.get_data(&head)).await {
-                Ok((data, stat)) => {
-                    return Ok(announced_value(&data).map(|value| Leader {
-                        term: FencingToken(stat.czxid as u64),
-                        value,
-                    }));
+            }
+            for node in &queue {
+                match self.call(epoch.client.get_data(node)).await {
+                    Ok((data, stat)) => {
+                        return Ok(announced_value(&data).map(|value| Leader {
+                            term: FencingToken(stat.czxid as u64),
+                            value,
+                        }));
+                    }
+                    Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => {}
+                    Err(e) => return Err(e),
                 }
-                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => continue,
-                Err(e) => return Err(e),
             }
         }
-        Ok(None)
     }
 
     /// Hints for observers. ZooKeeper watches fire once, so each hint re-arms them: a child

@@ -10,51 +10,56 @@ use crate::backend::{in_order, is_zk};
 use crate::paths::lock_dir;
 use crate::session::Epoch;
 
-/// How many times a read retries when the head it listed was deleted before it was read.
-pub(crate) const HEAD_TRIES: usize = 3;
-
 impl ZkBackend {
-    /// The lowest node of `dir` (the holder) and how many nodes it has, listed after a `sync`
-    /// sent right ahead on the same connection; `None` when there is none.
-    pub(crate) async fn synced_head(
-        &self,
-        epoch: &Epoch,
-        dir: &str,
-    ) -> Result<Option<(String, usize)>> {
+    /// The nodes of `dir` in queue order (full paths), listed after a `sync` sent right ahead on
+    /// the same connection, so a follower's stale view is never used; empty when there is none.
+    ///
+    /// A reader of the head reads the listed nodes in order and takes the first still there:
+    /// nodes created after the listing sort after every listed one, so that node was the head
+    /// when it was read. It lists again only when every listed node went, so it never answers
+    /// "nobody" while a node exists.
+    pub(crate) async fn synced_queue(&self, epoch: &Epoch, dir: &str) -> Result<Vec<String>> {
         let (synced, listed) = tokio::join!(
             self.call(epoch.client.sync(dir)),
             self.call(epoch.client.list_children(dir))
         );
         let children = match synced.and(listed) {
             Ok(c) => c,
-            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(None),
+            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        let count = children.len();
-        Ok(head_of(children).map(|head| (format!("{dir}/{head}"), count)))
+        let Some(reference) = children.first().cloned() else {
+            return Ok(Vec::new());
+        };
+        Ok(in_order(children, &reference)
+            .into_iter()
+            .map(|c| format!("{dir}/{c}"))
+            .collect())
     }
 
     pub(crate) async fn inspect_queue(&self, name: &LockName) -> Result<LockStatus> {
         let dir = lock_dir(&self.options().root, name);
         let epoch = self.epoch().await?;
-        for _ in 0..HEAD_TRIES {
-            let Some((head, count)) = self.synced_head(&epoch, &dir).await? else {
-                break;
-            };
-            if let Some(stat) = self.call(epoch.client.check_stat(&head)).await? {
+        loop {
+            let queue = self.synced_queue(&epoch, &dir).await?;
+            if queue.is_empty() {
                 return Ok(LockStatus {
-                    holder: Some(HolderStatus {
-                        token: Some(FencingToken(stat.czxid as u64)),
-                        expires_in: None,
-                    }),
-                    waiters: count - 1,
+                    holder: None,
+                    waiters: 0,
                 });
             }
+            for (i, node) in queue.iter().enumerate() {
+                if let Some(stat) = self.call(epoch.client.check_stat(node)).await? {
+                    return Ok(LockStatus {
+                        holder: Some(HolderStatus {
+                            token: Some(FencingToken(stat.czxid as u64)),
+                            expires_in: None,
+                        }),
+                        waiters: queue.len() - i - 1,
+                    });
+                }
+            }
         }
-        Ok(LockStatus {
-            holder: None,
-            waiters: 0,
-        })
     }
 }
 

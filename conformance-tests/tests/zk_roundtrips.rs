@@ -1,7 +1,8 @@
 //! Requests of the ZooKeeper backend, counted by the server (`mntr` packets): a repeat acquire on
 //! an idle ensemble is granted on its create alone (the zxid gap proves the queue empty); a
 //! hand-over to the next waiter in line costs the release's delete and nothing more, and so does
-//! one to a waiter that queued two back (it watched two ahead meanwhile). That the
+//! one to a waiter that queued two back (it watched two ahead meanwhile). A leader read whose
+//! listed head went before its read reads the next node, with no listing again. That the
 //! repeat grant never passes a holder in between is the scenario
 //! `repeat_acquire_waits_for_a_holder_in_between`; that waiters keep their order when some give
 //! up is the `waiting` scenarios'.
@@ -177,5 +178,59 @@ async fn a_hand_over_to_a_waiter_that_queued_two_back_needs_no_listing_either() 
     assert!(
         sent <= 2 * ROUNDS + 1,
         "{ROUNDS} hand-overs took {sent} requests; a waiter two back should need no listing"
+    );
+}
+
+/// Candidates hand leadership over every ~30 ms while an observer 20 ms (round trip) away polls
+/// `leader()`: the head it listed is often deleted before its read, three reads in a row too.
+/// It is never told "nobody leads" while candidates queue; it reads the next node instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_read_during_hand_overs_never_says_nobody() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use distlock_conformance::harness::LatencyLink;
+
+    let zk = ensemble().await;
+    let name = "hand-overs";
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut candidates = Vec::new();
+    for i in 0..4 {
+        let election = client(&zk).await.election(name).expect("election");
+        let stop = stop.clone();
+        candidates.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let leading = election.campaign(&format!("c{i}")).await.expect("campaign");
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                leading.resign().await.expect("resign");
+            }
+        }));
+    }
+    let upstream = zk.connect_string().parse().expect("a host:port");
+    let link = LatencyLink::start(upstream, Duration::from_millis(10)).expect("link");
+    let backend = ZkBackend::connect(&link.addr().to_string(), ZkOptions::default())
+        .await
+        .expect("connect through the link");
+    let observer = LockClient::new(Arc::new(backend))
+        .election(name)
+        .expect("election");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (mut led, mut nobody) = (0, 0);
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    while tokio::time::Instant::now() < until {
+        match observer.leader().await.expect("leader") {
+            Some(_) => led += 1,
+            None => nobody += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in candidates {
+        c.await.expect("candidate");
+    }
+    assert!(led > 10, "only {led} reads");
+    assert_eq!(
+        nobody,
+        0,
+        "{nobody} of {} reads said nobody leads while candidates queued",
+        led + nobody
     );
 }
