@@ -13,6 +13,7 @@
 
 mod check;
 mod exit;
+mod guard;
 mod run;
 mod status;
 
@@ -80,9 +81,11 @@ struct RunArgs {
     /// user of the name must give the same N).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
-    /// After the lock is lost, how long the command has between SIGTERM and SIGKILL.
-    #[arg(long, value_parser = duration, default_value = "10s")]
-    kill_after: Duration,
+    /// After the lock is lost, how long the command has between SIGTERM and SIGKILL (default
+    /// and most: half the lost signal's lead, 10 % of the TTL, so the command is gone before
+    /// anyone else can hold the lock; a longer value is cut, with a warning).
+    #[arg(long, value_parser = duration)]
+    kill_after: Option<Duration>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     command: Vec<OsString>,
@@ -150,6 +153,11 @@ async fn locks(source: &Source) -> Result<(Config, Locks), ExitCode> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == guard::SUBCOMMAND) {
+        let rest: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+        return guard::main(&rest);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

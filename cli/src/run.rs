@@ -1,7 +1,9 @@
 //! `distlock run`: the command starts only once the lock (or with `--limit N`, one of N
-//! permits) is held, in a process group of its own; it is terminated (SIGTERM, then SIGKILL after `--kill-after`) when the lock is lost;
-//! signals sent to `distlock` go to it; a signal while still waiting ends the wait with nothing
-//! left queued. The lock is released when the command ends.
+//! permits) is held and still valid, in a process group of its own; it is terminated (SIGTERM,
+//! then SIGKILL within half the lost signal's lead) when the lock is lost, so it is gone before
+//! the server could grant the lock to anyone else; signals sent to `distlock` go to it; a signal
+//! while still waiting ends the wait with nothing left queued. The lock is released only once
+//! the command was reaped. The command cannot outlive or out-run `distlock`: see `guard.rs`.
 
 use std::io::IsTerminal;
 use std::process::{ExitCode, ExitStatus};
@@ -11,6 +13,7 @@ use distlock::{AcquireOptions, Lease, Locks};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
+use crate::guard::{Guard, kill_group};
 use crate::{RunArgs, exit, grade};
 
 /// A wait with no `--wait`: as long as it takes.
@@ -20,6 +23,8 @@ const NOTICE_AFTER: Duration = Duration::from_secs(1);
 /// How long the release at the end may take before `distlock` exits anyway (the lock then
 /// frees at its TTL).
 const RELEASE_LIMIT: Duration = Duration::from_secs(5);
+/// Longer than the guard's look at `distlock`'s state (`guard.rs`), plus a scheduling delay.
+const GUARD_POLL_SPAN: Duration = Duration::from_millis(250);
 /// A wait ended by a signal is cleaned up by tasks the backend starts as the wait is dropped
 /// (leave the queue, delete the queue entry): they get this long to reach the server before the
 /// process exits, which would otherwise leave the entry to its TTL or session timeout.
@@ -59,7 +64,11 @@ impl Signals {
 }
 
 pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
-    let mut signals = match Signals::install() {
+    // SIGCONT is not passed on: `distlock` resumed after a stop resumes the command itself, if
+    // its lease is still valid.
+    let installed =
+        Signals::install().and_then(|s| Ok((s, signal(SignalKind::from_raw(libc::SIGCONT))?)));
+    let (mut signals, mut cont) = match installed {
         Ok(s) => s,
         Err(e) => {
             eprintln!("distlock: cannot handle signals: {e}");
@@ -90,6 +99,17 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
             return ExitCode::from(exit::for_error(&e));
         }
     };
+    // The lease must still be valid as the command starts: a grant that came just before a
+    // stall may already be lost, and nothing is started on it.
+    if let Some(reason) = lease.lost_reason() {
+        eprintln!(
+            "distlock: lock {:?} lost ({reason}) before the command started",
+            args.name
+        );
+        release(lease).await;
+        return ExitCode::from(exit::LOST);
+    }
+    let grace = kill_grace(&args, &lease);
     let mut child = match spawn(&args, &lease) {
         Ok(c) => c,
         Err(e) => {
@@ -99,36 +119,90 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
             return ExitCode::from(127);
         }
     };
-    let group = child.id().map(|pid| pid as libc::pid_t);
-    let kill = |sig: libc::c_int| {
-        if let Some(g) = group {
-            // SAFETY: killpg(2) on the process group of our own child.
-            unsafe {
-                libc::killpg(g, sig);
-            }
+    let Some(group) = child.id().map(|pid| pid as libc::pid_t) else {
+        // Reaped already: it ran and ended.
+        let status = child.wait().await;
+        release(lease).await;
+        return ExitCode::from(status.map_or(exit::UNAVAILABLE, code));
+    };
+    let guard = match Guard::start(group) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!(
+                "distlock: cannot start the guard that keeps the command under the lock: {e}"
+            );
+            kill_group(group, libc::SIGKILL);
+            let _ = child.wait().await;
+            release(lease).await;
+            return ExitCode::from(exit::UNAVAILABLE);
         }
     };
-    loop {
-        tokio::select! {
-            status = child.wait() => {
-                release(lease).await;
-                return ExitCode::from(status.map_or(exit::UNAVAILABLE, code));
+    let kill = |sig: libc::c_int| kill_group(group, sig);
+    // After a SIGCONT, the command is resumed once more a little later: the guard may have
+    // stopped it just after `distlock` resumed it.
+    let mut resume_again: Option<tokio::time::Instant> = None;
+    let exit = loop {
+        let again = async {
+            match resume_again {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            status = child.wait() => break status.map_or(exit::UNAVAILABLE, code),
             reason = lease.lost() => {
                 eprintln!(
                     "distlock: lock {:?} lost ({reason}): terminating the command",
                     args.name
                 );
                 kill(libc::SIGTERM);
-                if tokio::time::timeout(args.kill_after, child.wait()).await.is_err() {
+                // A stopped command acts on SIGTERM only once continued.
+                kill(libc::SIGCONT);
+                if tokio::time::timeout(grace, child.wait()).await.is_err() {
                     kill(libc::SIGKILL);
                     let _ = child.wait().await;
                 }
-                release(lease).await;
-                return ExitCode::from(exit::LOST);
+                break exit::LOST;
+            }
+            _ = cont.recv() => {
+                if lease.lost_reason().is_none() {
+                    kill(libc::SIGCONT);
+                    resume_again = Some(tokio::time::Instant::now() + GUARD_POLL_SPAN);
+                }
+            }
+            _ = again => {
+                resume_again = None;
+                if lease.lost_reason().is_none() {
+                    kill(libc::SIGCONT);
+                }
             }
             sig = signals.next() => kill(sig),
         }
+    };
+    guard.done().await;
+    // Only now, with the command reaped, may anyone else hold the lock.
+    release(lease).await;
+    ExitCode::from(exit)
+}
+
+/// How long the command gets between SIGTERM and SIGKILL once the lock is lost: `--kill-after`,
+/// at most half the lost signal's lead, so the command is gone before the server's expiry could
+/// grant the lock to anyone else. A longer `--kill-after` is cut, with a warning.
+fn kill_grace(args: &RunArgs, lease: &Lease) -> Duration {
+    let bound = lease.lead() / 2;
+    match args.kill_after {
+        Some(asked) if asked > bound => {
+            eprintln!(
+                "distlock: --kill-after {asked:?} is longer than half the lost signal's lead \
+                 ({:?}) at a TTL of {:?}: the command gets {bound:?} between SIGTERM and \
+                 SIGKILL (a longer TTL gives it more)",
+                lease.lead(),
+                lease.ttl()
+            );
+            bound
+        }
+        Some(asked) => asked,
+        None => bound,
     }
 }
 
@@ -159,7 +233,9 @@ async fn acquire(locks: &Locks, args: &RunArgs) -> distlock::Result<Lease> {
     }
 }
 
-/// Starts the command in a process group of its own, with the lock in its environment.
+/// Starts the command in a process group of its own, with the lock in its environment. The
+/// command's process is killed if `distlock`'s thread that started it ends (the guard covers the
+/// rest of its group).
 fn spawn(args: &RunArgs, lease: &Lease) -> std::io::Result<Child> {
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
@@ -170,6 +246,18 @@ fn spawn(args: &RunArgs, lease: &Lease) -> std::io::Result<Child> {
         .env_remove("DISTLOCK_TOKEN");
     if let Some(token) = lease.fencing_token() {
         cmd.env("DISTLOCK_TOKEN", token.get().to_string());
+    }
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // `distlock` died before the line above: never run without it.
+            if libc::getppid() != parent {
+                libc::_exit(127);
+            }
+            Ok(())
+        });
     }
     cmd.spawn()
 }

@@ -408,3 +408,147 @@ async fn signals_reach_the_running_command() {
             .is_none()
     );
 }
+
+/// A command that ignores SIGTERM, under a lock whose holder is cut off: with a `--kill-after`
+/// far longer than the lost signal's lead, the command is still killed (SIGKILL within half the
+/// lead) before the server's expiry could grant the lock, so the next `run` of the name never
+/// finds it alive; the long `--kill-after` is cut with a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_kills_the_command_before_anyone_else_runs() {
+    let s = servers().await;
+    let ports = [
+        vec![s.redis.port()],
+        s.etcd.client_ports.clone(),
+        s.zk.client_ports.clone(),
+    ];
+    for (i, ports) in ports.into_iter().enumerate() {
+        let cut = ProxyCut::to_ports(ports);
+        let url = urls(&s, |_| cut.addrs()).remove(i);
+        let direct_url = urls(&s, direct).remove(i);
+        let name = unique("killed-in-time");
+        let dir = TempDir::new("cli").expect("dir");
+        let pid_file = dir.path().join("pid");
+        let script = format!(
+            "trap '' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+            pid_file.display()
+        );
+        let run = distlock(&url)
+            .args(["run", &name, "--ttl", "3s", "--kill-after", "10s", "--"])
+            .args(["sh", "-c", &script])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        assert!(
+            eventually(Duration::from_secs(10), async || {
+                std::fs::read_to_string(&pid_file).is_ok_and(|t| t.ends_with('\n'))
+            })
+            .await,
+            "{url}: the command never ran"
+        );
+        let pid = std::fs::read_to_string(&pid_file).expect("pid");
+        cut.cut();
+        let check = format!(
+            "if kill -0 {} 2>/dev/null; then echo overlap; else echo alone; fi",
+            pid.trim()
+        );
+        let until = Instant::now() + Duration::from_secs(20);
+        let next = loop {
+            let out = distlock(&direct_url)
+                .args(["run", &name, "--no-wait", "--", "sh", "-c", &check])
+                .output()
+                .await
+                .expect("next run");
+            if out.status.code() != Some(75) || Instant::now() > until {
+                break out;
+            }
+            sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(next.status.code(), Some(0), "{url}: {next:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&next.stdout).trim(),
+            "alone",
+            "{url}: the next run started while the lost lock's command still ran"
+        );
+        let out = run.wait_with_output().await.expect("first run");
+        assert_eq!(out.status.code(), Some(76), "{url}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--kill-after 10s"), "{url}: {stderr}");
+        cut.restore();
+    }
+}
+
+/// The command cannot outlive or out-run `distlock`: SIGKILL of `distlock` takes the command's
+/// whole process group with it (a grandchild too), and while `distlock` is stopped the command
+/// is stopped, then resumed with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_dies_and_stops_with_distlock() {
+    let s = servers().await;
+    let url = urls(&s, direct).remove(0);
+    let dir = TempDir::new("cli").expect("dir");
+    let started = |name: &str| {
+        let pid_file = dir.path().join(name);
+        let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
+        let run = distlock(&url)
+            .args(["run", name, "--", "sh", "-c", &script])
+            .spawn()
+            .expect("spawn");
+        (run, pid_file)
+    };
+    let pid_of = async |file: &Path| -> libc::pid_t {
+        assert!(
+            eventually(Duration::from_secs(10), async || {
+                std::fs::read_to_string(file).is_ok_and(|t| t.ends_with('\n'))
+            })
+            .await,
+            "the command never ran"
+        );
+        std::fs::read_to_string(file)
+            .expect("pid")
+            .trim()
+            .parse()
+            .expect("pid number")
+    };
+    let state = |pid: libc::pid_t| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().to_string()))
+            .and_then(|r| r.chars().next())
+    };
+    let signal = |pid: u32, sig: libc::c_int| {
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(pid as libc::pid_t, sig);
+        }
+    };
+
+    let (mut run, file) = started(&unique("parent-killed"));
+    let sleeper = pid_of(&file).await;
+    signal(run.id().expect("pid"), libc::SIGKILL);
+    run.wait().await.expect("reaped");
+    assert!(
+        eventually(Duration::from_secs(3), async || state(sleeper).is_none()).await,
+        "the command's grandchild outlived distlock's SIGKILL"
+    );
+
+    let (mut run, file) = started(&unique("parent-stopped"));
+    let sleeper = pid_of(&file).await;
+    let pid = run.id().expect("pid");
+    signal(pid, libc::SIGSTOP);
+    assert!(
+        eventually(Duration::from_secs(3), async || state(sleeper) == Some('T')).await,
+        "the command runs on while distlock is stopped: {:?}",
+        state(sleeper)
+    );
+    signal(pid, libc::SIGCONT);
+    assert!(
+        eventually(Duration::from_secs(3), async || state(sleeper) == Some('S')).await,
+        "the command was not resumed with distlock: {:?}",
+        state(sleeper)
+    );
+    signal(pid, libc::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(10), run.wait())
+        .await
+        .expect("distlock ends with its command")
+        .expect("wait");
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+}
