@@ -552,3 +552,15 @@ async fn the_command_dies_and_stops_with_distlock() {
         .expect("wait");
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
 }
+
+/// Durations past the clock's range are long waits, never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_past_the_clocks_range_is_no_panic() {
+    let status = Command::new(BIN)
+        .args(["--backend", "memory://cli", "run", "huge"])
+        .args(["--wait", "10000000000000000000s", "--", "true"])
+        .status()
+        .await
+        .expect("run");
+    assert_eq!(status.code(), Some(0));
+}

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::admission::Admission;
 use crate::backend::{Grant, LockBackend, LockStatus};
+use crate::deadline::deadline_in;
 use crate::error::{LockError, Result};
 use crate::guarantee::{Capabilities, Guarantee};
 use crate::lease::{Lease, LeaseShared, LeaseState};
@@ -132,7 +133,7 @@ impl LockClient {
         timeout: Duration,
     ) -> Result<Lease> {
         Ok(self
-            .acquire_inner(name, opts, Some(Instant::now() + timeout), None, None)
+            .acquire_inner(name, opts, Some(deadline_in(timeout)), None, None)
             .await?
             .0)
     }

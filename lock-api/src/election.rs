@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::backend::LockBackend;
 use crate::client::LockClient;
+use crate::deadline::{FOREVER, deadline_in};
 use crate::error::{LockError, LostReason, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::Fencing;
@@ -41,9 +42,6 @@ const BACKSTOP: Duration = Duration::from_secs(2);
 
 /// How long an observer waits before reading again after a failed read.
 const RETRY_AFTER: Duration = Duration::from_millis(200);
-
-/// A campaign with no timeout waits this long, which is for ever in practice.
-const FOREVER: Duration = Duration::from_secs(30 * 365 * 86_400);
 
 /// A queue entry's data once its holder announced `value`, for backends whose entry holds the
 /// owner secret (etcd's attempt key, ZooKeeper's node): `<secret>:<value>`. The secret stays
@@ -168,13 +166,13 @@ impl Election {
     /// Dropping the future leaves no candidate behind; a leadership granted meanwhile is
     /// resigned in the background, and the next candidate is elected at once.
     pub async fn campaign(&self, value: &str) -> Result<Leadership> {
-        self.campaign_until(value, Instant::now() + FOREVER).await
+        self.campaign_until(value, deadline_in(FOREVER)).await
     }
 
     /// Like [`Election::campaign`], giving up after `timeout` with [`LockError::Timeout`]
     /// (nothing left queued).
     pub async fn campaign_for(&self, value: &str, timeout: Duration) -> Result<Leadership> {
-        self.campaign_until(value, Instant::now() + timeout).await
+        self.campaign_until(value, deadline_in(timeout)).await
     }
 
     #[tracing::instrument(name = "distlock.campaign", skip_all, fields(election = %self.name))]

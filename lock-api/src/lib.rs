@@ -49,6 +49,7 @@
 pub mod admission;
 mod backend;
 mod client;
+mod deadline;
 mod election;
 mod error;
 mod fencing;

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::admission::Admission;
 use crate::client::LockClient;
+use crate::deadline::deadline_in;
 use crate::error::{LockError, Result};
 use crate::lease::Lease;
 use crate::name::LockName;
@@ -202,7 +203,7 @@ impl Semaphore {
     }
 
     async fn take(&self, timeout: Option<Duration>) -> Result<Lease> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(deadline_in);
         let permit = Admission::Permit(self.permits);
         self.client
             .admit(&self.lock, &self.name, &self.opts, permit, deadline)
@@ -276,7 +277,7 @@ impl RwLock {
     }
 
     async fn take(&self, admission: Admission, timeout: Option<Duration>) -> Result<Lease> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(deadline_in);
         self.client
             .admit(&self.lock, &self.name, &self.opts, admission, deadline)
             .await

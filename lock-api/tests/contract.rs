@@ -802,3 +802,26 @@ async fn a_session_loss_reaches_every_lease_on_it_and_no_released_one() {
         Ok(LostReason::SessionLost)
     );
 }
+
+/// A timeout past the clock's range is a wait without limit, never a panic: for a lock, a
+/// semaphore's permit, a read-write lock's writer and a campaign.
+#[tokio::test]
+async fn a_timeout_past_the_clocks_range_waits_without_limit() {
+    let (_, a, _, _) = pair();
+    let opts = AcquireOptions::with_ttl(TTL);
+    let lease = a.acquire("huge", &opts, Duration::MAX).await.expect("lock");
+    assert!(lease.release().await.expect("release"));
+    let permit = a.semaphore("huge", 2).expect("semaphore");
+    let permit = permit.acquire(Duration::MAX).await.expect("permit");
+    assert!(permit.release().await.expect("release"));
+    let write = a.rwlock("huge").expect("rwlock");
+    let write = write.write(Duration::MAX).await.expect("write");
+    assert!(write.release().await.expect("release"));
+    let leading = a
+        .election("huge")
+        .expect("election")
+        .campaign_for("v", Duration::MAX)
+        .await
+        .expect("campaign");
+    assert!(leading.resign().await.expect("resign"));
+}
