@@ -414,6 +414,21 @@ impl RedisBackend {
             .map_err(|e| self.err(e))
     }
 
+    /// [`RedisBackend::run`] for a call that is harmless to repeat (a compare-and-delete): sent
+    /// once more when the connection turns out to have dropped (a reset found by this very call,
+    /// after which the connection reconnects), rather than failing a release that a second send
+    /// would complete.
+    pub(crate) async fn run_repeatable<T: redis::FromRedisValue>(
+        &self,
+        call: &Call,
+        conn: &mut Conn,
+    ) -> Result<T> {
+        match call.run(conn, self.options.op_timeout).await {
+            Err(e) if e.is_connection_dropped() => self.run(call, conn).await,
+            other => other.map_err(|e| self.err(e)),
+        }
+    }
+
     /// One acquire script call, made cancellation safe without a task of its own: a guard is
     /// armed while the call is in flight; dropped armed (the caller was cancelled) or left armed
     /// by a failed call (the reply may be lost after the server granted), it releases by our
@@ -570,7 +585,7 @@ impl RedisBackend {
             Sent::Hash => call,
             Sent::Source => call.with_source(),
         };
-        let n: i64 = self.run(&call, &mut conn).await?;
+        let n: i64 = self.run_repeatable(&call, &mut conn).await?;
         Ok(n == 1)
     }
 
@@ -599,7 +614,7 @@ impl RedisBackend {
             Sent::Hash => call,
             Sent::Source => call.with_source(),
         };
-        let n: i64 = self.run(&call, &mut conn).await?;
+        let n: i64 = self.run_repeatable(&call, &mut conn).await?;
         Ok(n == 1)
     }
 
