@@ -141,7 +141,7 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
     // After a SIGCONT, the command is resumed once more a little later: the guard may have
     // stopped it just after `distlock` resumed it.
     let mut resume_again: Option<tokio::time::Instant> = None;
-    let exit = loop {
+    let outcome = loop {
         let again = async {
             match resume_again {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -182,7 +182,7 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
     guard.done().await;
     // Only now, with the command reaped, may anyone else hold the lock.
     release(lease).await;
-    ExitCode::from(exit)
+    ExitCode::from(outcome)
 }
 
 /// How long the command gets between SIGTERM and SIGKILL once the lock is lost: `--kill-after`,
