@@ -897,6 +897,21 @@ fn etcd_error(endpoints: &str, e: etcd_client::Error) -> LockError {
         E::GRpcStatus(s) => !matches!(s.code() as i32, 3 | 7 | 16),
         _ => true,
     };
+    // A transport failure comes as UNAVAILABLE (14), whose text is a debug dump of its whole
+    // cause chain: say the status's message and the root cause alone, in one line.
+    if let E::GRpcStatus(s) = &e
+        && s.code() as i32 == 14
+    {
+        let mut root: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+        while let Some(next) = root.and_then(std::error::Error::source) {
+            root = Some(next);
+        }
+        let text = match root {
+            Some(cause) => format!("unreachable: {}: {cause}", s.message()),
+            None => format!("unreachable: {}", s.message()),
+        };
+        return LockError::backend(endpoints.to_string(), retryable, text);
+    }
     LockError::backend(endpoints.to_string(), retryable, e)
 }
 

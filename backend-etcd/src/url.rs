@@ -3,6 +3,8 @@
 //! `connect_timeout`, `keepalive`, `user` / `password` (instead of the authority's), and TLS with
 //! `ca=<pem path>` (plus `cert=` and `key=` for a client certificate, `tls_domain=`).
 
+use std::time::Duration;
+
 use distlock_api::Result;
 use distlock_api::url::BackendUrl;
 
@@ -22,6 +24,9 @@ pub const OPTIONS: &[&str] = &[
     "password",
 ];
 
+/// The shortest session TTL a URL may ask for.
+const MIN_SESSION_TTL: Duration = Duration::from_secs(2);
+
 /// The members and the options, from an `etcd://` URL.
 ///
 /// # Errors
@@ -33,6 +38,14 @@ pub fn from_url(url: &mut BackendUrl) -> Result<(Vec<String>, EtcdOptions)> {
         o.prefix = prefix.to_string();
     }
     url.take_duration("session_ttl", &mut o.session_ttl)?;
+    // etcd counts lease TTLs in whole seconds; below 2 the keep-alive's period leaves no room.
+    if o.session_ttl < MIN_SESSION_TTL {
+        return Err(url.invalid_option(
+            "session_ttl",
+            format!("{:?}", o.session_ttl),
+            format!("must be at least {MIN_SESSION_TTL:?} (etcd leases count whole seconds)"),
+        ));
+    }
     url.take_duration("op_timeout", &mut o.op_timeout)?;
     url.take_duration("connect_timeout", &mut o.connect_timeout)?;
     url.take_duration("keepalive", &mut o.keepalive)?;
@@ -93,6 +106,27 @@ mod tests {
                 _ => false,
             };
             assert_eq!(unknown, *name == "colour", "{name}");
+        }
+    }
+
+    /// A session TTL under 2 s is refused, naming the option (it was raised to 2 s silently).
+    #[test]
+    fn a_session_ttl_under_two_seconds_is_refused() {
+        for (ttl, ok) in [("1s", false), ("1500ms", false), ("2s", true)] {
+            let mut url = BackendUrl::parse(
+                "url",
+                &format!("etcd://127.0.0.1:1?session_ttl={ttl}"),
+                &BTreeMap::new(),
+            )
+            .expect("parses");
+            match from_url(&mut url) {
+                Ok(_) => assert!(ok, "{ttl} accepted"),
+                Err(LockError::InvalidConfig { key, reason, .. }) => {
+                    assert!(!ok, "{ttl}: {reason}");
+                    assert!(key.ends_with("session_ttl"), "{key}");
+                }
+                Err(e) => panic!("{e}"),
+            }
         }
     }
 }

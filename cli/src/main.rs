@@ -8,8 +8,8 @@
 //! ```
 //!
 //! The backends come from `--backend URL`, or from `--config FILE` and the `DISTLOCK_*`
-//! variables, as the library's `Locks::load` reads them (with neither, an in-process memory
-//! store, which only this one process sees). Exit statuses: see `exit.rs` and the guide.
+//! variables, as the library's `Locks::load` reads them; with none of them the command refuses
+//! to run (an in-process store would lock nothing another process sees). Exit statuses: see `exit.rs` and the guide.
 
 mod check;
 mod exit;
@@ -71,8 +71,9 @@ struct RunArgs {
     /// The lease TTL (renewed by the watchdog while the command runs), e.g. 30s.
     #[arg(long, value_parser = duration)]
     ttl: Option<Duration>,
-    /// Wait this long at most for the lock (default: for as long as it takes).
-    #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
+    /// Wait this long at most for the lock (default: for as long as it takes; 0 tries once, as
+    /// --no-wait does).
+    #[arg(long, value_parser = wait, conflicts_with = "no_wait")]
     wait: Option<Duration>,
     /// Fail at once (exit 75) if the lock is held.
     #[arg(long)]
@@ -109,6 +110,10 @@ fn duration(text: &str) -> Result<Duration, String> {
     distlock::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
+fn wait(text: &str) -> Result<Duration, String> {
+    distlock::parse_wait("--wait", text).map_err(|e| e.to_string())
+}
+
 fn grade(correctness: bool) -> Guarantee {
     if correctness {
         Guarantee::Correctness
@@ -142,6 +147,19 @@ async fn locks(source: &Source) -> Result<(Config, Locks), ExitCode> {
             return Err(ExitCode::from(config_failed(&e)));
         }
     };
+    // Neither option nor variable named a backend: the default in-process store would lock
+    // nothing another process sees, so two runs would overlap without a word.
+    if source.backend.is_none()
+        && source.config.is_none()
+        && loaded.backends == Config::default().backends
+    {
+        eprintln!(
+            "distlock: no backend: give --backend URL or --config FILE (or \
+             DISTLOCK_BACKENDS__<name>__URL); an in-process store (--backend memory://) is \
+             only for trying the command"
+        );
+        return Err(ExitCode::from(exit::USAGE));
+    }
     match Locks::from_config(&loaded).await {
         Ok(l) => Ok((loaded, l)),
         Err(e) => {
@@ -177,6 +195,6 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run::run(&locks, args).await,
         Command::Status(args) => status::status(&locks, args).await,
-        Command::Check => check::check(&loaded, &locks),
+        Command::Check => check::check(&loaded, &locks).await,
     }
 }

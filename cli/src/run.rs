@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
-use distlock::{AcquireOptions, Lease, Locks};
+use distlock::{AcquireOptions, Lease, Locks, run_vars};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -108,6 +108,16 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
         );
         release(lease).await;
         return ExitCode::from(exit::LOST);
+    }
+    if let Some(asked) = args.ttl
+        && lease.ttl().abs_diff(asked) >= Duration::from_secs(1)
+    {
+        eprintln!(
+            "distlock: --ttl {asked:?} does not apply on {}: its leases live on the client's \
+             session, whose TTL is {:?} (set session_ttl or session_timeout in the URL)",
+            lease.backend(),
+            lease.ttl()
+        );
     }
     let grace = kill_grace(&args, &lease);
     let mut child = match spawn(&args, &lease) {
@@ -208,7 +218,10 @@ fn kill_grace(args: &RunArgs, lease: &Lease) -> Duration {
 
 /// Takes the lock, or with `--limit N` one of N permits, as the options say.
 async fn acquire(locks: &Locks, args: &RunArgs) -> distlock::Result<Lease> {
-    let wait = (!args.no_wait).then(|| args.wait.unwrap_or(FOREVER));
+    let wait = match (args.no_wait, args.wait) {
+        (true, _) | (_, Some(Duration::ZERO)) => None,
+        (false, wait) => Some(wait.unwrap_or(FOREVER)),
+    };
     let Some(permits) = args.limit else {
         let mut call = match grade(args.correctness) {
             distlock::Guarantee::Efficiency => locks.efficiency(&args.name),
@@ -240,12 +253,12 @@ fn spawn(args: &RunArgs, lease: &Lease) -> std::io::Result<Child> {
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .process_group(0)
-        .env("DISTLOCK_LOCK_HELD", "1")
-        .env("DISTLOCK_NAME", &args.name)
-        .env("DISTLOCK_BACKEND", lease.backend())
-        .env_remove("DISTLOCK_TOKEN");
+        .env(run_vars::LOCK_HELD, "1")
+        .env(run_vars::NAME, &args.name)
+        .env(run_vars::BACKEND, lease.backend())
+        .env_remove(run_vars::TOKEN);
     if let Some(token) = lease.fencing_token() {
-        cmd.env("DISTLOCK_TOKEN", token.get().to_string());
+        cmd.env(run_vars::TOKEN, token.get().to_string());
     }
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.

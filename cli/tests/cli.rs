@@ -564,3 +564,85 @@ async fn a_wait_past_the_clocks_range_is_no_panic() {
         .expect("run");
     assert_eq!(status.code(), Some(0));
 }
+
+/// The first hour's stumbles: each must not come back.
+/// * no backend anywhere: refused (exit 64), never a private in-process store;
+/// * `check` proves each backend answers (an unreachable etcd is exit 69, one line naming it);
+/// * a command under `distlock run` that runs `distlock` (or loads the configuration) is not
+///   confused by the variables `run` set for it;
+/// * `--wait 0` tries once (exit 75 while held), `1h30m` is a duration;
+/// * a `--ttl` the backend does not apply (etcd's session TTL) is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_first_hour() {
+    let bare = Command::new(BIN)
+        .args(["run", "n", "--", "true"])
+        .env_remove("DISTLOCK_BACKENDS__MAIN__URL")
+        .output()
+        .await
+        .expect("run");
+    assert_eq!(bare.status.code(), Some(64), "{bare:?}");
+    assert!(String::from_utf8_lossy(&bare.stderr).contains("--backend"));
+
+    let unreachable = Command::new(BIN)
+        .args(["--backend", "etcd://127.0.0.1:1", "check"])
+        .output()
+        .await
+        .expect("check");
+    assert_eq!(unreachable.status.code(), Some(69), "{unreachable:?}");
+    let said = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(said.contains("127.0.0.1:1"), "{said}");
+    assert!(
+        said.contains("Connection refused") && !said.contains("tonic"),
+        "one clear line, not a transport dump: {said}"
+    );
+
+    let s = servers().await;
+    let url = urls(&s, direct).remove(0);
+    let dir = TempDir::new("cli").expect("dir");
+    let config = dir.path().join("distlock.toml");
+    std::fs::write(&config, format!("[backends.main]\nurl = \"{url}\"\n")).expect("toml");
+    let (outer, inner) = (unique("outer"), unique("inner"));
+    let nested = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .args(["run", &outer, "--ttl", "1h30m", "--", BIN, "--config"])
+        .arg(&config)
+        .args(["run", &inner, "--wait", "0", "--", "true"])
+        .output()
+        .await
+        .expect("nested run");
+    assert_eq!(nested.status.code(), Some(0), "{nested:?}");
+    // A TTL the backend cannot apply is said, not silently ignored.
+    let etcd = urls(&s, direct).remove(1);
+    let session = distlock(&etcd)
+        .args(["run", &unique("ttl"), "--ttl", "60s", "--", "true"])
+        .output()
+        .await
+        .expect("etcd run");
+    assert_eq!(session.status.code(), Some(0), "{session:?}");
+    assert!(
+        String::from_utf8_lossy(&session.stderr).contains("--ttl 60s does not apply on etcd"),
+        "{session:?}"
+    );
+
+    let name = unique("wait-zero");
+    let mut holder = distlock(&url)
+        .args(["run", &name, "--", "sleep", "2"])
+        .spawn()
+        .expect("holder");
+    let client = LockClient::new(connect(&url).await.expect("connect"));
+    assert!(
+        eventually(Duration::from_secs(10), async || client
+            .inspect(&name)
+            .await
+            .is_ok_and(|st| st.holder.is_some()))
+        .await
+    );
+    let tried = distlock(&url)
+        .args(["run", &name, "--wait", "0", "--", "true"])
+        .status()
+        .await
+        .expect("try");
+    assert_eq!(tried.code(), Some(75));
+    assert_eq!(holder.wait().await.expect("holder").code(), Some(0));
+}

@@ -153,13 +153,19 @@ impl Default for Config {
 
 impl Config {
     /// The figment that [`Config::load`] extracts: `path` (TOML, optional) then `DISTLOCK_*`
-    /// environment variables.
+    /// environment variables (but those of [`crate::run_vars`]).
     pub fn figment(path: Option<&Path>) -> Figment {
         let mut f = Figment::new();
         if let Some(p) = path {
             f = f.merge(Toml::file_exact(p));
         }
-        f.merge(Env::prefixed("DISTLOCK_").split("__"))
+        // The variables `distlock run` sets for its command are not configuration keys.
+        let ignored: Vec<String> = crate::run_vars::ALL
+            .iter()
+            .map(|v| v.trim_start_matches("DISTLOCK_").to_ascii_lowercase())
+            .collect();
+        let ignored: Vec<&str> = ignored.iter().map(String::as_str).collect();
+        f.merge(Env::prefixed("DISTLOCK_").ignore(&ignored).split("__"))
     }
 
     /// Loads the TOML file at `path` (if given) and the environment.

@@ -29,13 +29,14 @@
 mod config;
 mod error;
 mod locks;
+pub mod run_vars;
 mod spec;
 
 pub use config::{BackendConfig, Config, LeaseConfig, OptionValue};
 pub use distlock_api::*;
 pub use error::ConfigError;
 pub use locks::{Acquire, Locks, connect};
-pub use spec::{BackendSpec, SCHEMES, Scheme, known_schemes, parse_duration, redact};
+pub use spec::{BackendSpec, SCHEMES, Scheme, known_schemes, parse_duration, parse_wait, redact};
 
 /// The etcd backend (`etcd` feature): [`etcd::EtcdBackend`] and its guarded transactions.
 #[cfg(feature = "etcd")]

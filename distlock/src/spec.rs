@@ -162,12 +162,21 @@ pub fn redact(url: &str) -> String {
     distlock_api::url::redact(url)
 }
 
-/// Parses `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds. Zero and negatives are errors.
+/// Parses a duration ([`distlock_api::url::parse_duration`]: `500ms`, `10s`, `1h30m`, a bare
+/// number of seconds). Zero and negatives are errors.
 ///
 /// # Errors
 /// [`ConfigError::InvalidValue`] naming `key` and `value`.
 pub fn parse_duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
     distlock_api::url::parse_duration(key, value).map_err(ConfigError::from_backend_url)
+}
+
+/// [`parse_duration`] for a wait, where zero means "try once" ([`distlock_api::url::parse_wait`]).
+///
+/// # Errors
+/// As [`parse_duration`].
+pub fn parse_wait(key: &str, value: &str) -> Result<Duration, ConfigError> {
+    distlock_api::url::parse_wait(key, value).map_err(ConfigError::from_backend_url)
 }
 
 impl BackendSpec {

@@ -44,37 +44,37 @@ fn invalid(
     }
 }
 
-/// Parses `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds. Zero and negatives are errors.
+/// Parses a duration as operators write it (`500ms`, `10s`, `2m`, `1h30m`, `1h 30m`: the
+/// `humantime` forms), or a bare number of seconds. Zero and negatives are errors.
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`] naming `key` and `value`.
 pub fn parse_duration(key: &str, value: &str) -> Result<Duration> {
-    let v = value.trim();
-    let (num, unit) = match v.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-')) {
-        Some(i) => (&v[..i], &v[i..]),
-        None => (v, "s"),
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| invalid(key, value, "not a duration (use 500ms, 10s, 2m, 1h)"))?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        other => {
-            return Err(invalid(
-                key,
-                value,
-                format!("unknown unit {other:?} (use ms, s, m, h)"),
-            ));
-        }
-    };
-    if !secs.is_finite() || secs <= 0.0 {
-        return Err(invalid(key, value, "must be above zero"));
+    match parse_wait(key, value)? {
+        d if d.is_zero() => Err(invalid(key, value, "must be above zero")),
+        d => Ok(d),
     }
-    // Found by the generated-input tests: `from_secs_f64` panics past ~5.8e11 years.
-    Duration::try_from_secs_f64(secs).map_err(|_| invalid(key, value, "too large"))
+}
+
+/// [`parse_duration`] for a wait, where zero is meaningful (try once, as `flock -w 0`).
+///
+/// # Errors
+/// [`LockError::InvalidConfig`] naming `key` and `value`.
+pub fn parse_wait(key: &str, value: &str) -> Result<Duration> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return v
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| invalid(key, value, "too large"));
+    }
+    humantime::parse_duration(v).map_err(|e| {
+        invalid(
+            key,
+            value,
+            format!("not a duration ({e}); use e.g. 500ms, 10s, 2m, 1h30m"),
+        )
+    })
 }
 
 /// The value of option `name` as an error may show it: a password never.
@@ -324,7 +324,12 @@ mod tests {
         );
         assert_eq!(parse_duration("k", "10").unwrap(), Duration::from_secs(10));
         assert_eq!(parse_duration("k", "2m").unwrap(), Duration::from_secs(120));
-        for bad in ["0s", "-5s", "abc", "5 parsecs", ""] {
+        assert_eq!(
+            parse_duration("k", "1h30m").unwrap(),
+            Duration::from_secs(5400)
+        );
+        assert_eq!(parse_wait("k", "0").unwrap(), Duration::ZERO);
+        for bad in ["0s", "0", "-5s", "abc", "5 parsecs", ""] {
             assert!(parse_duration("k", bad).is_err(), "{bad}");
         }
     }
