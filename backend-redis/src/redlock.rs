@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Capabilities, Fencing, Grant, GrantKey, Guarantee, HolderStatus, LockBackend, LockError,
-    LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    Admission, Capabilities, Fencing, Grant, GrantKey, Guarantee, HolderStatus, LockBackend,
+    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
 use futures_util::future::{join_all, select_all};
 use rand::Rng;
@@ -802,7 +802,7 @@ impl LockBackend for RedlockBackend {
                     if i == arbiter {
                         waiters = status.waiters;
                     }
-                    if let Some(h) = status.holder {
+                    if let Some(h) = status.holder() {
                         left.push(h.expires_in.unwrap_or(Duration::MAX));
                     }
                 }
@@ -816,10 +816,15 @@ impl LockBackend for RedlockBackend {
         }
         left.sort_unstable_by(|a, b| b.cmp(a));
         Ok(LockStatus {
-            holder: left.get(self.quorum() - 1).map(|d| HolderStatus {
-                token: None,
-                expires_in: (*d != Duration::MAX).then_some(*d),
-            }),
+            holders: left
+                .get(self.quorum() - 1)
+                .map(|d| HolderStatus {
+                    token: None,
+                    expires_in: (*d != Duration::MAX).then_some(*d),
+                    admission: Admission::Exclusive,
+                })
+                .into_iter()
+                .collect(),
             waiters,
         })
     }

@@ -269,9 +269,10 @@ return 1
     ))
 });
 
-/// KEYS: lock, alive. Reads only: `{token or false, pttl, live waiters}` (the waiters whose
-/// liveness deadline is still ahead, by the server's clock; not the holder, which a Redlock
-/// arbiter keeps at the head of its queue). The secret never leaves the server.
+/// KEYS: lock, alive, shared. Reads only: `{token or false, pttl, live waiters, shared}` (the
+/// waiters whose liveness deadline is still ahead, by the server's clock; not the holder, which
+/// a Redlock arbiter keeps at the head of its queue), and `shared` the live shared holders
+/// (permits, readers) as `token, ms left, limit` triples. The secret never leaves the server.
 pub static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"{PURGE}
@@ -286,7 +287,17 @@ if cur then
     live = live - 1
   end
 end
-return {{token, redis.call('PTTL', KEYS[1]), live}}
+local shared = {{}}
+local held = redis.call('HGETALL', KEYS[3])
+for i = 1, #held, 2 do
+  local exp, tok, lim = string.match(held[i + 1], '^(%d+):(%d+):(%d+)$')
+  if exp and tonumber(exp) > now then
+    shared[#shared + 1] = tonumber(tok)
+    shared[#shared + 1] = tonumber(exp) - now
+    shared[#shared + 1] = tonumber(lim)
+  end
+end
+return {{token, redis.call('PTTL', KEYS[1]), live, shared}}
 "#
     ))
 });

@@ -2,12 +2,14 @@
 //! stale view is never reported), and the lowest one's czxid (the holder's token). How long the
 //! holder's session lives is its own client's business: not reported.
 
-use distlock_api::{FencingToken, HolderStatus, LockName, LockStatus, Result};
+use distlock_api::{
+    Admission, FencingToken, HolderStatus, LockName, LockStatus, Result, admitted_count,
+};
 use zookeeper_client::Error as ZkError;
 
 use crate::ZkBackend;
 use crate::backend::{in_order, is_zk};
-use crate::paths::lock_dir;
+use crate::paths::{lock_dir, node_limit};
 use crate::session::Epoch;
 
 impl ZkBackend {
@@ -37,28 +39,35 @@ impl ZkBackend {
             .collect())
     }
 
+    /// The holders (the queue's admitted prefix, by the limits in the node names, each with its
+    /// czxid as token) and the waiters behind them. A node deleted between the listing and its
+    /// read is passed for the ones after it; all gone, the queue is listed again.
     pub(crate) async fn inspect_queue(&self, name: &LockName) -> Result<LockStatus> {
         let dir = lock_dir(&self.options().root, name);
         let epoch = self.epoch().await?;
-        loop {
+        'listing: loop {
             let queue = self.synced_queue(&epoch, &dir).await?;
-            if queue.is_empty() {
-                return Ok(LockStatus {
-                    holder: None,
-                    waiters: 0,
-                });
-            }
-            for (i, node) in queue.iter().enumerate() {
-                if let Some(stat) = self.call(epoch.client.check_stat(node)).await? {
-                    return Ok(LockStatus {
-                        holder: Some(HolderStatus {
-                            token: Some(FencingToken(stat.czxid as u64)),
-                            expires_in: None,
-                        }),
-                        waiters: queue.len() - i - 1,
-                    });
+            let limits: Vec<u32> = queue
+                .iter()
+                .map(|path| node_limit(path.rsplit('/').next().unwrap_or(path)))
+                .collect();
+            let admitted = admitted_count(&limits);
+            let mut holders = Vec::with_capacity(admitted);
+            for (node, limit) in queue.iter().zip(&limits).take(admitted) {
+                match self.call(epoch.client.check_stat(node)).await? {
+                    Some(stat) => holders.push(HolderStatus {
+                        token: Some(FencingToken(stat.czxid as u64)),
+                        expires_in: None,
+                        admission: Admission::of_limit(*limit),
+                    }),
+                    // A holder left since the listing: the queue moved on, read it again.
+                    None => continue 'listing,
                 }
             }
+            return Ok(LockStatus {
+                holders,
+                waiters: queue.len() - admitted,
+            });
         }
     }
 }

@@ -404,8 +404,8 @@ async fn signals_reach_the_running_command() {
             .inspect(&name)
             .await
             .expect("inspect")
-            .holder
-            .is_none()
+            .holders
+            .is_empty()
     );
 }
 
@@ -635,7 +635,7 @@ async fn an_operators_first_hour() {
         eventually(Duration::from_secs(10), async || client
             .inspect(&name)
             .await
-            .is_ok_and(|st| st.holder.is_some()))
+            .is_ok_and(|st| st.holder().is_some()))
         .await
     );
     let tried = distlock(&url)
@@ -645,4 +645,52 @@ async fn an_operators_first_hour() {
         .expect("try");
     assert_eq!(tried.code(), Some(75));
     assert_eq!(holder.wait().await.expect("holder").code(), Some(0));
+}
+
+/// `status` of a name used with `run --limit 2` shows the semaphore's two permits (their
+/// tokens) and its waiter, not "free".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_every_permit_and_the_waiters() {
+    let s = servers().await;
+    for url in urls(&s, direct) {
+        let name = unique("status-permits");
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            runs.push(
+                distlock(&url)
+                    .args(["run", &name, "--limit", "2", "--", "sleep", "3"])
+                    .spawn()
+                    .expect("spawn"),
+            );
+        }
+        let json = async || -> serde_json::Value {
+            let out = distlock(&url)
+                .args(["status", &name, "--json"])
+                .output()
+                .await
+                .expect("status");
+            serde_json::from_slice(&out.stdout).expect("json")
+        };
+        assert!(
+            eventually(Duration::from_secs(10), async || json().await[0]["waiters"]
+                == 1)
+            .await,
+            "{url}: {}",
+            json().await
+        );
+        let seen = json().await;
+        assert_eq!(seen[0]["kind"], "semaphore", "{url}: {seen}");
+        assert_eq!(seen[0]["held"], true, "{url}: {seen}");
+        let holders = seen[0]["holders"].as_array().expect("holders");
+        assert_eq!(holders.len(), 2, "{url}: {seen}");
+        assert!(
+            holders
+                .iter()
+                .all(|h| h["holds"] == "permit of 2" && h["token"].is_u64()),
+            "{url}: {seen}"
+        );
+        for mut r in runs {
+            assert_eq!(r.wait().await.expect("run").code(), Some(0), "{url}");
+        }
+    }
 }

@@ -73,6 +73,16 @@ impl Admission {
         }
     }
 
+    /// The policy an entry of `limit` was queued with ([`Admission::limit`] read back; a permit
+    /// of 1 is exclusive).
+    pub fn of_limit(limit: u32) -> Admission {
+        match limit {
+            1 => Admission::Exclusive,
+            u32::MAX => Admission::Shared,
+            n => Admission::Permit(n),
+        }
+    }
+
     /// The text a backend appends to an entry's owner secret to record its limit: nothing for 1
     /// (so a lock's entry is the bare secret, as before policies existed), `#<limit>` otherwise.
     pub fn entry_suffix(self) -> String {
@@ -81,6 +91,20 @@ impl Admission {
             n => format!("#{n}"),
         }
     }
+}
+
+/// How many entries at the front of a queue whose entries have `limits` (in queue order) are
+/// admitted: the holders, by the rule of the [module docs](self).
+pub fn admitted_count(limits: &[u32]) -> usize {
+    let mut smallest = u32::MAX;
+    limits
+        .iter()
+        .enumerate()
+        .take_while(|(ahead, limit)| {
+            smallest = smallest.min(**limit);
+            (*ahead as u64) < u64::from(smallest)
+        })
+        .count()
 }
 
 /// The limit recorded in entry data `<secret>[#<limit>][:<value>]` ([`Admission::entry_suffix`]);
@@ -130,6 +154,22 @@ mod tests {
         ));
         assert!(Admission::Permit(4).check_ahead("pool", [4, 4]).is_ok());
         assert!(Admission::Shared.check_ahead("rw", [1, MAX]).is_ok());
+    }
+
+    #[test]
+    fn the_admitted_prefix_is_counted_by_the_same_rule() {
+        assert_eq!(admitted_count(&[]), 0);
+        assert_eq!(admitted_count(&[1, 1]), 1);
+        assert_eq!(admitted_count(&[3, 3, 3, 3]), 3);
+        assert_eq!(admitted_count(&[MAX, MAX, 1, MAX]), 2);
+        assert_eq!(admitted_count(&[1, MAX]), 1);
+        for a in [
+            Admission::Exclusive,
+            Admission::Permit(5),
+            Admission::Shared,
+        ] {
+            assert_eq!(Admission::of_limit(a.limit()), a);
+        }
     }
 
     #[test]

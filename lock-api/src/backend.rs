@@ -49,15 +49,23 @@ pub struct Grant {
 
 /// What a backend holds for one lock name, read without touching it ([`LockBackend::inspect`]):
 /// for status pages and operators' tools. A snapshot: it may have changed by the time it is read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LockStatus {
-    /// The live holder, if any.
-    pub holder: Option<HolderStatus>,
-    /// How many waiters are queued behind the holder (live ones, where the backend can tell).
+    /// Every live holder, in queue order: one for a lock or a writer, up to N for a semaphore of
+    /// N, every admitted reader of a read-write lock.
+    pub holders: Vec<HolderStatus>,
+    /// How many entries wait behind the holders (live ones, where the backend can tell).
     pub waiters: usize,
 }
 
-/// The holder of a lock as [`LockBackend::inspect`] reads it.
+impl LockStatus {
+    /// The first holder (a lock's only one), if any.
+    pub fn holder(&self) -> Option<&HolderStatus> {
+        self.holders.first()
+    }
+}
+
+/// One holder of a name as [`LockBackend::inspect`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderStatus {
     /// Its fencing token, where the backend has tokens.
@@ -66,6 +74,8 @@ pub struct HolderStatus {
     /// `PTTL`, etcd's lease time-to-live, memory; not ZooKeeper, whose session timeouts are
     /// the holder's own).
     pub expires_in: Option<Duration>,
+    /// What it holds: a lock or a writer ([`Admission::Exclusive`]), a permit of N, or a read.
+    pub admission: Admission,
 }
 
 /// Result of a renewal.

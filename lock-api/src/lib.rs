@@ -67,7 +67,7 @@ mod signal;
 pub mod url;
 mod watchdog;
 
-pub use admission::{Admission, entry_limit};
+pub use admission::{Admission, admitted_count, entry_limit};
 pub use backend::{
     Grant, GrantKey, HolderStatus, LockBackend, LockStatus, Renewal, renew_as_batch,
 };

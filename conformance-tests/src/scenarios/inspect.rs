@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use distlock_api::{LockName, LockStatus};
+use distlock_api::{Admission, LockName, LockStatus, RWLOCK_LOCK_PREFIX, SEMAPHORE_LOCK_PREFIX};
 use tokio::time::sleep;
 
 use super::{client, eventually, opts, unique};
@@ -16,18 +16,14 @@ pub async fn inspection_reports_the_holder_and_its_waiters(d: &dyn Deployment) {
     let lock = LockName::new(name.as_str()).expect("valid");
     let observer = d.client().await;
     let status = || async { observer.inspect(&lock).await.expect("inspect") };
-    assert_eq!(
-        status().await,
-        LockStatus {
-            holder: None,
-            waiters: 0
-        }
-    );
+    assert_eq!(status().await, LockStatus::default());
     let a = client(d).await;
     let lease = a.try_acquire(&name, &opts(d)).await.expect("acquire");
     let held = status().await;
-    let holder = held.holder.expect("a holder after the grant");
+    assert_eq!(held.holders.len(), 1, "{held:?}");
+    let holder = held.holder().expect("a holder after the grant");
     assert_eq!(holder.token, lease.fencing_token());
+    assert_eq!(holder.admission, Admission::Exclusive);
     if let Some(left) = holder.expires_in {
         assert!(
             left <= lease.ttl() + Duration::from_secs(1),
@@ -48,20 +44,133 @@ pub async fn inspection_reports_the_holder_and_its_waiters(d: &dyn Deployment) {
         status().await
     );
     assert_eq!(
-        status().await.holder.and_then(|h| h.token),
+        status().await.holder().and_then(|h| h.token),
         lease.fencing_token()
     );
     sleep(Duration::from_millis(50)).await;
     assert!(lease.release().await.expect("release"));
     let next = waiting.await.expect("task").expect("the waiter is granted");
     let now = status().await;
-    assert_eq!(now.holder.and_then(|h| h.token), next.fencing_token());
+    assert_eq!(now.holder().and_then(|h| h.token), next.fencing_token());
     assert_eq!(now.waiters, 0);
     assert!(next.release().await.expect("release"));
     assert!(
         eventually(Duration::from_secs(5), || async {
-            status().await.holder.is_none()
+            status().await.holders.is_empty()
         })
         .await
+    );
+}
+
+/// Every holder of a name is reported, with what it holds: a semaphore of 2 with both permits
+/// held and one waiter shows two permits (their tokens) and the waiter; a read-write lock with
+/// two readers and a waiting writer shows both reads and the writer waiting, then the writer
+/// holding with a reader waiting.
+pub async fn inspection_reports_every_holder_of_a_semaphore_and_a_rwlock(d: &dyn Deployment) {
+    let observer = d.client().await;
+    let status = |name: String| {
+        let observer = observer.clone();
+        async move {
+            let name = LockName::new(name).expect("valid");
+            observer.inspect(&name).await.expect("inspect")
+        }
+    };
+    let name = unique("inspect-semaphore");
+    let queue = format!("{SEMAPHORE_LOCK_PREFIX}{name}");
+    let semaphore =
+        |c: distlock_api::LockClient| c.semaphore(&name, 2).expect("semaphore").options(opts(d));
+    let s = semaphore(client(d).await);
+    let permits = [
+        s.try_acquire().await.expect("first"),
+        s.try_acquire().await.expect("second"),
+    ];
+    let w = semaphore(client(d).await);
+    let waiting = tokio::spawn(async move { w.acquire(Duration::from_secs(30)).await });
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            status(queue.clone()).await.waiters == 1
+        })
+        .await,
+        "the permit waiter never showed: {:?}",
+        status(queue.clone()).await
+    );
+    let seen = status(queue.clone()).await;
+    assert_eq!(seen.holders.len(), 2, "{seen:?}");
+    assert!(
+        seen.holders
+            .iter()
+            .all(|h| h.admission == Admission::Permit(2)),
+        "{seen:?}"
+    );
+    let mut tokens: Vec<_> = seen.holders.iter().map(|h| h.token).collect();
+    let mut expected: Vec<_> = permits.iter().map(|p| p.fencing_token()).collect();
+    tokens.sort();
+    expected.sort();
+    assert_eq!(tokens, expected);
+    for p in permits {
+        assert!(p.release().await.expect("release"));
+    }
+    let last = waiting.await.expect("task").expect("the waiter's permit");
+    assert!(last.release().await.expect("release"));
+
+    let name = unique("inspect-rwlock");
+    let queue = format!("{RWLOCK_LOCK_PREFIX}{name}");
+    let rwlock = || async {
+        client(d)
+            .await
+            .rwlock(&name)
+            .expect("rwlock")
+            .options(opts(d))
+    };
+    let readers = [
+        rwlock().await.try_read().await.expect("first read"),
+        rwlock().await.try_read().await.expect("second read"),
+    ];
+    let w = rwlock().await;
+    let writing = tokio::spawn(async move { w.write(Duration::from_secs(30)).await });
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            status(queue.clone()).await.waiters == 1
+        })
+        .await,
+        "the writer never showed: {:?}",
+        status(queue.clone()).await
+    );
+    let seen = status(queue.clone()).await;
+    assert_eq!(seen.holders.len(), 2, "{seen:?}");
+    assert!(
+        seen.holders
+            .iter()
+            .all(|h| h.admission == Admission::Shared),
+        "{seen:?}"
+    );
+    for r in readers {
+        assert!(r.release().await.expect("release"));
+    }
+    let write = writing.await.expect("task").expect("the writer");
+    let r = rwlock().await;
+    let reading = tokio::spawn(async move { r.read(Duration::from_secs(30)).await });
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            status(queue.clone()).await.waiters == 1
+        })
+        .await,
+        "the reader never showed: {:?}",
+        status(queue.clone()).await
+    );
+    let seen = status(queue.clone()).await;
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    assert_eq!(seen.holders[0].admission, Admission::Exclusive);
+    assert_eq!(seen.holders[0].token, write.fencing_token());
+    assert!(write.release().await.expect("release"));
+    let read = reading.await.expect("task").expect("the reader");
+    assert!(read.release().await.expect("release"));
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            status(queue.clone()).await == LockStatus::default()
+        })
+        .await,
+        "{:?}",
+        status(queue.clone()).await
     );
 }

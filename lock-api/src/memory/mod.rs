@@ -337,16 +337,18 @@ impl LockBackend for MemoryBackend {
         let mut st = self.store.lock();
         st.settle(name.encoded(), now);
         let Some(e) = st.locks.get(name.encoded()) else {
-            return Ok(LockStatus {
-                holder: None,
-                waiters: 0,
-            });
+            return Ok(LockStatus::default());
         };
         Ok(LockStatus {
-            holder: e.first().map(|h| HolderStatus {
-                token: Some(FencingToken(h.token)),
-                expires_in: Some(h.expires - now),
-            }),
+            holders: e
+                .holders
+                .iter()
+                .map(|h| HolderStatus {
+                    token: Some(FencingToken(h.token)),
+                    expires_in: Some(h.expires - now),
+                    admission: Admission::of_limit(h.limit),
+                })
+                .collect(),
             waiters: e.waiters.iter().filter(|w| !w.tx.is_closed()).count(),
         })
     }
