@@ -1,7 +1,7 @@
 //! Exit statuses: the child's own, or one of these (sysexits where one fits), so scripts can
 //! tell "try later" from "fix the configuration".
 
-/// The command line is wrong (EX_USAGE).
+/// The command line is wrong, a lock name included (EX_USAGE).
 pub const USAGE: u8 = 64;
 /// The backend could not be reached or failed (EX_UNAVAILABLE).
 pub const UNAVAILABLE: u8 = 69;
@@ -23,11 +23,22 @@ pub fn for_error(e: &distlock::LockError) -> u8 {
     use distlock::LockError as E;
     match e {
         E::Busy { .. } | E::Timeout { .. } => BUSY,
-        E::InvalidName { .. }
-        | E::InvalidConfig { .. }
-        | E::Unsupported { .. }
-        | E::LimitMismatch { .. } => CONFIG,
+        // A name is the command line's own input.
+        E::InvalidName { .. } => USAGE,
+        E::InvalidConfig { .. } | E::Unsupported { .. } | E::LimitMismatch { .. } => CONFIG,
         E::Lost { .. } | E::NotHeld { .. } => LOST,
         _ => UNAVAILABLE,
+    }
+}
+
+/// What to print for `e`, met on lock `name`: the error alone when it names the lock itself,
+/// else the name (cut, as errors cut it) before it.
+pub fn said(name: &str, e: &distlock::LockError) -> String {
+    use distlock::LockError as E;
+    match e {
+        E::Backend { .. } | E::Unsupported { .. } | E::InvalidConfig { .. } => {
+            format!("{}: {e}", distlock::shown(name))
+        }
+        _ => e.to_string(),
     }
 }

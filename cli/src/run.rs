@@ -79,7 +79,10 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
     let notice = async {
         tokio::time::sleep(NOTICE_AFTER).await;
         if std::io::stderr().is_terminal() {
-            eprintln!("distlock: waiting for lock {:?}...", args.name);
+            eprintln!(
+                "distlock: waiting for lock {}...",
+                distlock::shown(&args.name)
+            );
         }
         std::future::pending::<()>().await
     };
@@ -95,7 +98,7 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
     let lease = match lease {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("distlock: {}: {e}", args.name);
+            eprintln!("distlock: {}", exit::said(&args.name, &e));
             return ExitCode::from(exit::for_error(&e));
         }
     };
@@ -103,8 +106,8 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
     // stall may already be lost, and nothing is started on it.
     if let Some(reason) = lease.lost_reason() {
         eprintln!(
-            "distlock: lock {:?} lost ({reason}) before the command started",
-            args.name
+            "distlock: lock {} lost ({reason}) before the command started",
+            distlock::shown(&args.name)
         );
         release(lease).await;
         return ExitCode::from(exit::LOST);
@@ -162,8 +165,8 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
             status = child.wait() => break status.map_or(exit::UNAVAILABLE, code),
             reason = lease.lost() => {
                 eprintln!(
-                    "distlock: lock {:?} lost ({reason}): terminating the command",
-                    args.name
+                    "distlock: lock {} lost ({reason}): terminating the command",
+                    distlock::shown(&args.name)
                 );
                 kill(libc::SIGTERM);
                 // A stopped command acts on SIGTERM only once continued.

@@ -38,7 +38,7 @@ pub async fn status(locks: &Locks, args: StatusArgs) -> ExitCode {
         match rows_of(&client, name).await {
             Ok(r) => rows.extend(r),
             Err(e) => {
-                eprintln!("distlock: {name}: {e}");
+                eprintln!("distlock: {}", exit::said(name, &e));
                 return ExitCode::from(exit::for_error(&e));
             }
         }

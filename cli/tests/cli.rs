@@ -567,6 +567,7 @@ async fn a_wait_past_the_clocks_range_is_no_panic() {
 
 /// The first hour's stumbles: each must not come back.
 /// * no backend anywhere: refused (exit 64), never a private in-process store;
+/// * a bad name is exit 64, said once and cut (not 200 KB of stderr);
 /// * `check` proves each backend answers (an unreachable etcd is exit 69, one line naming it);
 /// * a command under `distlock run` that runs `distlock` (or loads the configuration) is not
 ///   confused by the variables `run` set for it;
@@ -589,6 +590,20 @@ async fn an_operators_first_hour() {
         .await
         .expect("check");
     assert_eq!(unreachable.status.code(), Some(69), "{unreachable:?}");
+
+    // A bad name is a usage error, said once and cut.
+    let long = "n".repeat(100_000);
+    let bad_name = Command::new(BIN)
+        .args(["--backend", "memory://cli", "run", &long, "--", "true"])
+        .output()
+        .await
+        .expect("bad name");
+    assert_eq!(bad_name.status.code(), Some(64), "{:?}", bad_name.status);
+    assert!(
+        bad_name.stderr.len() < 1_000,
+        "{} bytes of stderr for a bad name",
+        bad_name.stderr.len()
+    );
     let said = String::from_utf8_lossy(&unreachable.stderr);
     assert!(said.contains("127.0.0.1:1"), "{said}");
     assert!(

@@ -56,13 +56,13 @@ impl std::fmt::Display for LostReason {
 #[non_exhaustive]
 pub enum LockError {
     /// A try-acquire found the lock held by someone else. Nothing was left behind in the backend.
-    #[error("lock {name:?} is held by another owner")]
+    #[error("lock {} is held by another owner", shown(name))]
     Busy {
         /// The lock name as the caller gave it.
         name: String,
     },
     /// Waiting for the lock ran past the caller's deadline. Nothing was left queued.
-    #[error("timed out after {waited:?} waiting for lock {name:?}")]
+    #[error("timed out after {waited:?} waiting for lock {}", shown(name))]
     Timeout {
         /// The lock name as the caller gave it.
         name: String,
@@ -70,13 +70,13 @@ pub enum LockError {
         waited: Duration,
     },
     /// The operation needed a held lock, but we no longer hold it (expired, released, or taken).
-    #[error("lock {name:?} is not held by this lease any more")]
+    #[error("lock {} is not held by this lease any more", shown(name))]
     NotHeld {
         /// The lock name.
         name: String,
     },
     /// The lease was lost (see [`LostReason`]); the holder must stop acting as the owner.
-    #[error("lock {name:?} was lost: {reason}")]
+    #[error("lock {} was lost: {reason}", shown(name))]
     Lost {
         /// The lock name.
         name: String,
@@ -92,7 +92,7 @@ pub enum LockError {
         what: String,
     },
     /// The lock name breaks the naming rule; checked before any I/O.
-    #[error("invalid lock name {name:?}: {reason}")]
+    #[error("invalid lock name {}: {reason}", shown(name))]
     InvalidName {
         /// The offending name, quoted in the message.
         name: String,
@@ -100,7 +100,7 @@ pub enum LockError {
         reason: &'static str,
     },
     /// An option or configuration value is out of range or malformed.
-    #[error("invalid configuration {key} = {value:?}: {reason}")]
+    #[error("invalid configuration {key} = {}: {reason}", shown(value))]
     InvalidConfig {
         /// The option or configuration key.
         key: String,
@@ -111,7 +111,10 @@ pub enum LockError {
     },
     /// A semaphore was asked for with another number of permits than its current users hold
     /// or wait with: every user of one name must agree on it. Nothing was left queued.
-    #[error("semaphore {name:?} is in use with {theirs} permits, not {ours}")]
+    #[error(
+        "semaphore {} is in use with {theirs} permits, not {ours}",
+        shown(name)
+    )]
     LimitMismatch {
         /// The semaphore name.
         name: String,
@@ -192,5 +195,44 @@ impl LockError {
     }
 }
 
+/// How long a name or value shown in a message may be before it is cut.
+const SHOWN_MAX: usize = 120;
+
+/// `text` quoted for a message, cut after [`SHOWN_MAX`] characters with its full size said: a
+/// 100 KB name gives a line, not 100 KB.
+pub fn shown(text: &str) -> impl std::fmt::Display + '_ {
+    struct Shown<'a>(&'a str);
+    impl std::fmt::Display for Shown<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self.0.char_indices().nth(SHOWN_MAX) {
+                None => write!(f, "{:?}", self.0),
+                Some((cut, _)) => write!(f, "{:?}... ({} bytes)", &self.0[..cut], self.0.len()),
+            }
+        }
+    }
+    Shown(text)
+}
+
 /// Result alias for the lock API.
 pub type Result<T, E = LockError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_name_is_cut_in_messages() {
+        let long = "n".repeat(100_000);
+        let e = LockError::InvalidName {
+            name: long.clone(),
+            reason: "too long",
+        };
+        let said = e.to_string();
+        assert!(said.len() < 300, "{} bytes", said.len());
+        assert!(said.contains("(100000 bytes)"), "{said}");
+        let short = LockError::Busy {
+            name: "job".to_string(),
+        };
+        assert_eq!(short.to_string(), "lock \"job\" is held by another owner");
+    }
+}

@@ -76,7 +76,7 @@ pub use election::{
     ELECTION_LOCK_PREFIX, Election, Leader, Leadership, MAX_VALUE_BYTES, announced_entry,
     announced_value, entry_written_by,
 };
-pub use error::{LockError, LostReason, Result};
+pub use error::{LockError, LostReason, Result, shown};
 pub use fencing::{Fence, FencingToken, StaleToken};
 /// The stream traits and type of [`Election::observe`], re-exported so observers need no
 /// `futures` dependency of their own.
