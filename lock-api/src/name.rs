@@ -139,8 +139,9 @@ mod tests {
             let msg = err.to_string();
             assert!(matches!(err, LockError::InvalidName { ref name, .. } if *name == bad));
             assert!(msg.contains(rule), "{msg}");
+            // Quoted, and cut past 120 characters.
             assert!(
-                msg.contains(&format!("{bad:?}")),
+                msg.contains(&crate::shown(&bad).to_string()),
                 "message quotes the name: {msg}"
             );
         }
