@@ -9,7 +9,9 @@ use std::io::IsTerminal;
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
-use distlock::{AcquireOptions, Lease, Locks, run_vars};
+use distlock::{
+    AcquireOptions, Admission, Lease, LockError, Locks, SEMAPHORE_LOCK_PREFIX, run_vars,
+};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -111,6 +113,17 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
         );
         release(lease).await;
         return ExitCode::from(exit::LOST);
+    }
+    // A lock and a semaphore of one name are two queues: a plain run beside `--limit` runs (or
+    // the reverse) would run unbounded. Checked once held, by both sides, so of two that start
+    // together at least the later one sees the other and gives way.
+    if let Some(other) = other_kind_in_use(locks, &args).await {
+        eprintln!(
+            "distlock: {} is in use as {other}: every user of a name must run it the same way",
+            distlock::shown(&args.name)
+        );
+        release(lease).await;
+        return ExitCode::from(exit::CONFIG);
     }
     if let Some(asked) = args.ttl
         && lease.ttl().abs_diff(asked) >= Duration::from_secs(1)
@@ -246,6 +259,29 @@ async fn acquire(locks: &Locks, args: &RunArgs) -> distlock::Result<Lease> {
     match wait {
         None => semaphore.try_acquire().await,
         Some(w) => semaphore.acquire(w).await,
+    }
+}
+
+/// How the name is in use in the other queue than ours: as a semaphore (`--limit`) when we run
+/// it as a lock, as a lock when we run it with `--limit`. A backend that cannot say (no
+/// `inspect`) is taken at its word; one that fails to answer is a conflict we cannot rule out.
+async fn other_kind_in_use(locks: &Locks, args: &RunArgs) -> Option<String> {
+    let client = locks.client(grade(args.correctness)).ok()?;
+    let (other, what) = match args.limit {
+        None => (
+            format!("{SEMAPHORE_LOCK_PREFIX}{}", args.name),
+            "a semaphore (run --limit N)",
+        ),
+        Some(_) => (args.name.clone(), "a lock (run without --limit)"),
+    };
+    match client.inspect(&other).await {
+        Ok(s) if s.holders.is_empty() && s.waiters == 0 => None,
+        Ok(s) => Some(match s.holder().map(|h| h.admission) {
+            Some(Admission::Permit(n)) => format!("a semaphore of {n} (run --limit {n})"),
+            _ => what.to_string(),
+        }),
+        Err(LockError::Unsupported { .. }) => None,
+        Err(e) => Some(format!("unknown: its use could not be read ({e})")),
     }
 }
 

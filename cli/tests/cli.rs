@@ -709,3 +709,44 @@ async fn status_shows_every_permit_and_the_waiters() {
         }
     }
 }
+
+/// A lock and a semaphore of one name refuse each other (exit 78), both ways, on every backend:
+/// a plain `run S` never runs beside `run --limit 2 S`, nor the reverse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_and_a_semaphore_of_one_name_refuse_each_other() {
+    let s = servers().await;
+    for url in urls(&s, direct) {
+        for (first, second) in [
+            (&["--limit", "2"][..], &[][..]),
+            (&[][..], &["--limit", "2"][..]),
+        ] {
+            let name = unique("kinds");
+            let dir = TempDir::new("cli").expect("dir");
+            let ran = dir.path().join("ran");
+            let script = format!("touch {}; sleep 3", ran.display());
+            let mut holder = distlock(&url)
+                .args(["run", &name])
+                .args(first)
+                .args(["--", "sh", "-c", &script])
+                .spawn()
+                .expect("holder");
+            assert!(
+                eventually(Duration::from_secs(10), async || ran.exists()).await,
+                "{url}: the first command never ran"
+            );
+            let other = distlock(&url)
+                .args(["run", &name])
+                .args(second)
+                .args(["--", "true"])
+                .output()
+                .await
+                .expect("second run");
+            assert_eq!(
+                other.status.code(),
+                Some(78),
+                "{url}: {first:?} then {second:?}: {other:?}"
+            );
+            assert_eq!(holder.wait().await.expect("holder").code(), Some(0));
+        }
+    }
+}
