@@ -125,7 +125,11 @@ fn grade(correctness: bool) -> Guarantee {
 /// The configuration the options name.
 fn config(source: &Source) -> Result<Config, ConfigError> {
     match (&source.backend, &source.config) {
-        (Some(url), _) => Ok(Config::for_url(url)),
+        // The URL names the backend; the lease settings still come from `DISTLOCK_LEASE__*`.
+        (Some(url), _) => Ok(Config {
+            lease: Config::load(None)?.lease,
+            ..Config::for_url(url)
+        }),
         (None, file) => Config::load(file.as_deref()),
     }
 }

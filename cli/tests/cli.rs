@@ -572,7 +572,8 @@ async fn a_wait_past_the_clocks_range_is_no_panic() {
 /// * a command under `distlock run` that runs `distlock` (or loads the configuration) is not
 ///   confused by the variables `run` set for it;
 /// * `--wait 0` tries once (exit 75 while held), `1h30m` is a duration;
-/// * a `--ttl` the backend does not apply (etcd's session TTL) is said.
+/// * a `--ttl` the backend does not apply (etcd's session TTL) is said;
+/// * `DISTLOCK_LEASE__TTL` applies with `--backend` too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operators_first_hour() {
     let bare = Command::new(BIN)
@@ -640,12 +641,33 @@ async fn an_operators_first_hour() {
         "{session:?}"
     );
 
+    // The lease variables apply with --backend too.
+    let name = unique("env-ttl");
+    let mut held = distlock(&url)
+        .env("DISTLOCK_LEASE__TTL", "7s")
+        .args(["run", &name, "--", "sleep", "2"])
+        .spawn()
+        .expect("run");
+    let client = LockClient::new(connect(&url).await.expect("connect"));
+    assert!(
+        eventually(Duration::from_secs(10), async || client
+            .inspect(&name)
+            .await
+            .is_ok_and(|st| st
+                .holder()
+                .and_then(|h| h.expires_in)
+                .is_some_and(|left| left <= Duration::from_secs(7))))
+        .await,
+        "DISTLOCK_LEASE__TTL=7s not applied: {:?}",
+        client.inspect(&name).await
+    );
+    assert_eq!(held.wait().await.expect("run").code(), Some(0));
+
     let name = unique("wait-zero");
     let mut holder = distlock(&url)
         .args(["run", &name, "--", "sleep", "2"])
         .spawn()
         .expect("holder");
-    let client = LockClient::new(connect(&url).await.expect("connect"));
     assert!(
         eventually(Duration::from_secs(10), async || client
             .inspect(&name)

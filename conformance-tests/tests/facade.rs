@@ -107,3 +107,50 @@ async fn zookeeper_url_with_chroot_and_nested_root() {
     assert_eq!(children.len(), 1);
     assert!(lease.release().await.expect("release"));
 }
+
+/// The guide's configuration example, with its servers replaced by this run's (scheme, path,
+/// options and lease settings kept), loads and gives a lock in each profile, the way its command
+/// line `run --correctness --wait 30s ledger-migration` takes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_configuration_example_works() {
+    const GUIDE: &str = include_str!("../../docs/guide.md");
+    let example = GUIDE
+        .split("```toml")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("[backends."))
+        .expect("the guide's configuration example");
+    let redis = start(|| RedisServer::start().expect("redis")).await;
+    let etcd = start(|| EtcdCluster::start(1).expect("etcd")).await;
+    let mut config = Config::from_toml(example).expect("the example parses");
+    let redis_host = redis.url().trim_start_matches("redis://").to_string();
+    let etcd_hosts = etcd.endpoints().join(",");
+    for backend in config.backends.values_mut() {
+        let (scheme, rest) = backend.url.split_once("://").expect("a URL");
+        // The authority ends at the path or the query.
+        let at = rest.find(['/', '?']).unwrap_or(rest.len());
+        let hosts = match scheme {
+            "redis" => redis_host.trim_end_matches('/').to_string(),
+            "etcd" => etcd_hosts.clone(),
+            other => panic!("the example uses {other}://: give this test its server"),
+        };
+        // Redis's database number is kept; the test server has no password.
+        backend.url = format!("{scheme}://{hosts}{}", &rest[at..]);
+    }
+    let locks = Locks::from_config(&config)
+        .await
+        .expect("the example loads");
+    let efficiency = locks
+        .efficiency("nightly-backup")
+        .try_now()
+        .await
+        .expect("an efficiency lock");
+    let correctness = locks
+        .correctness("ledger-migration")
+        .wait(Duration::from_secs(30))
+        .await
+        .expect("a correctness lock");
+    assert!(correctness.fencing_token().is_some());
+    assert!(efficiency.release().await.expect("release"));
+    assert!(correctness.release().await.expect("release"));
+}
