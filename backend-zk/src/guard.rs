@@ -12,8 +12,8 @@ impl ZkBackend {
     /// and nothing was written.
     ///
     /// # Errors
-    /// `Unsupported` for a lease of another backend; backend errors as they come (including a
-    /// failed write of `path` itself, such as a version mismatch).
+    /// `Unsupported` for a lease of another backend; backend errors as they come; a failed write
+    /// of `path` itself (it does not exist: create it first; a version mismatch) names `path`.
     pub async fn guarded_set_data(
         &self,
         lease: &Lease,
@@ -40,6 +40,12 @@ impl ZkBackend {
         match writer.commit().await {
             Ok(_) => Ok(true),
             Err(CheckWriteError::CheckFailed { .. }) => Ok(false),
+            // The write itself failed: say which node (a missing one must be created first).
+            Err(CheckWriteError::OperationFailed { source, .. }) => Err(LockError::backend(
+                "zookeeper",
+                false,
+                format!("the guarded write of {path} failed: {source}"),
+            )),
             Err(e) => Err(LockError::backend("zookeeper", true, e)),
         }
     }

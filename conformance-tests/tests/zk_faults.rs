@@ -139,6 +139,15 @@ async fn paused_holder_loses_to_a_higher_czxid_and_its_guarded_write_is_refused(
         old.lost_reason().is_some(),
         "the paused holder was never told"
     );
+    // A data node that does not exist is an error naming it, not a bare "NoNode".
+    let missing = fresh
+        .guarded_set_data(&new, "/guarded-missing", b"x", None)
+        .await
+        .expect_err("no such node");
+    assert!(
+        missing.to_string().contains("/guarded-missing"),
+        "{missing}"
+    );
     assert!(new.release().await.expect("release"));
 }
 
