@@ -34,6 +34,10 @@ use distlock::{Config, ConfigError, Guarantee, Locks};
 struct Cli {
     #[command(flatten)]
     source: Source,
+    /// More log lines on stderr (-v: the library's info and debug lines); `RUST_LOG`, when set,
+    /// chooses instead. Warnings (a lease lost, renewals failing) always show.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +82,10 @@ struct RunArgs {
     /// Fail at once (exit 75) if the lock is held.
     #[arg(long)]
     no_wait: bool,
+    /// The exit status when the lock is held (--no-wait) or the wait runs out, instead of 75
+    /// (as flock's -E): for commands that exit 75 themselves.
+    #[arg(short = 'E', long, value_parser = clap::value_parser!(u8))]
+    conflict_exit_code: Option<u8>,
     /// Let at most N commands run at once under this name (a semaphore of N permits; every
     /// user of the name must give the same N).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -120,6 +128,24 @@ fn grade(correctness: bool) -> Guarantee {
     } else {
         Guarantee::Efficiency
     }
+}
+
+/// Log lines go to stderr: `RUST_LOG` if set, else warnings, or more with `-v`.
+fn logs(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => {
+            "warn,distlock=debug,distlock_api=debug,distlock_redis=debug,distlock_etcd=debug,distlock_zk=debug"
+        }
+        _ => "debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 /// The configuration the options name.
@@ -192,6 +218,7 @@ async fn main() -> ExitCode {
             };
         }
     };
+    logs(cli.verbose);
     let (loaded, locks) = match locks(&cli.source).await {
         Ok(l) => l,
         Err(code) => return code,

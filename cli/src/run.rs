@@ -101,7 +101,10 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
         Ok(l) => l,
         Err(e) => {
             eprintln!("distlock: {}", exit::said(&args.name, &e));
-            return ExitCode::from(exit::for_error(&e));
+            return ExitCode::from(match exit::for_error(&e) {
+                exit::BUSY => args.conflict_exit_code.unwrap_or(exit::BUSY),
+                code => code,
+            });
         }
     };
     // The lease must still be valid as the command starts: a grant that came just before a

@@ -573,7 +573,8 @@ async fn a_wait_past_the_clocks_range_is_no_panic() {
 ///   confused by the variables `run` set for it;
 /// * `--wait 0` tries once (exit 75 while held), `1h30m` is a duration;
 /// * a `--ttl` the backend does not apply (etcd's session TTL) is said;
-/// * `DISTLOCK_LEASE__TTL` applies with `--backend` too.
+/// * `DISTLOCK_LEASE__TTL` applies with `--backend` too; `-E` sets the conflict's status; `-v`
+///   shows the library's log lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operators_first_hour() {
     let bare = Command::new(BIN)
@@ -641,6 +642,26 @@ async fn an_operators_first_hour() {
         "{session:?}"
     );
 
+    // -v shows the library's debug lines (the release here) on stderr.
+    let verbose = Command::new(BIN)
+        .args([
+            "-v",
+            "--backend",
+            "memory://cli",
+            "run",
+            "logged",
+            "--",
+            "true",
+        ])
+        .output()
+        .await
+        .expect("verbose run");
+    assert_eq!(verbose.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&verbose.stderr).contains("distlock released"),
+        "{verbose:?}"
+    );
+
     // The lease variables apply with --backend too.
     let name = unique("env-ttl");
     let mut held = distlock(&url)
@@ -681,6 +702,12 @@ async fn an_operators_first_hour() {
         .await
         .expect("try");
     assert_eq!(tried.code(), Some(75));
+    let chosen = distlock(&url)
+        .args(["run", &name, "--no-wait", "-E", "3", "--", "true"])
+        .status()
+        .await
+        .expect("try with -E");
+    assert_eq!(chosen.code(), Some(3), "-E sets the conflict's exit status");
     assert_eq!(holder.wait().await.expect("holder").code(), Some(0));
 }
 

@@ -407,7 +407,7 @@ async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
         )
         .await
         .unwrap_or_else(|_| Vec::new());
-        let mut failed = 0usize;
+        let mut failed: Vec<&str> = Vec::new();
         let mut first_error: Option<LockError> = None;
         let mut results = results.into_iter();
         for (id, lease, ttl, deadline) in live {
@@ -430,7 +430,7 @@ async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
                     outcomes.push((id, None, deadline));
                 }
                 other => {
-                    failed += 1;
+                    failed.push(lease.key.name.as_str());
                     if let Some(Err(e)) = other {
                         first_error.get_or_insert(e);
                     }
@@ -439,10 +439,20 @@ async fn renew(watchdog: Arc<Watchdog>, batch: Vec<(u64, Arc<LeaseShared>)>) {
                 }
             }
         }
-        if failed > 0 {
+        if !failed.is_empty() {
             let error =
                 first_error.map_or_else(|| "no answer in time".to_string(), |e| e.to_string());
-            tracing::warn!(backend = watchdog.backend.kind(), failed, %error, "distlock renewal failed, retrying");
+            // The locks it was about, the first few by name.
+            let mut locks = failed
+                .iter()
+                .take(4)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ");
+            if failed.len() > 4 {
+                locks.push_str(&format!(" and {} more", failed.len() - 4));
+            }
+            tracing::warn!(backend = watchdog.backend.kind(), failed = failed.len(), %locks, %error, "distlock renewal failed, retrying");
         }
     }
     drop(gates);
