@@ -198,7 +198,7 @@ impl LockError {
 /// How long a name or value shown in a message may be before it is cut.
 const SHOWN_MAX: usize = 120;
 
-/// `text` quoted for a message, cut after [`SHOWN_MAX`] characters with its full size said: a
+/// `text` quoted for a message, cut after 120 characters with its full size said: a
 /// 100 KB name gives a line, not 100 KB.
 pub fn shown(text: &str) -> impl std::fmt::Display + '_ {
     struct Shown<'a>(&'a str);
