@@ -638,9 +638,10 @@ impl EtcdBackend {
         LockError::backend(self.inner.endpoints.clone(), true, text)
     }
 
-    /// Enqueues an attempt key whose value is the secret with its limit
-    /// ([`Admission::entry_suffix`]), or with `value` the secret and that announced value
-    /// ([`distlock_api::announced_entry`]), and waits until `admission` admits it.
+    /// [`EtcdBackend::queue_once`] on the client's session. A wait whose session died under it
+    /// (a stall longer than the session TTL) queues again on a new session, at the back of the
+    /// queue, for as long as its deadline allows, and rides out a server that cannot make one
+    /// yet the same way; a try is one attempt.
     async fn acquire_inner(
         &self,
         name: &LockName,
@@ -649,7 +650,55 @@ impl EtcdBackend {
         value: Option<&str>,
     ) -> Result<Grant> {
         let started = Instant::now();
-        let session = self.session().await?;
+        let time_left = || deadline.is_some_and(|d| Instant::now() < d);
+        let mut riding_out = false;
+        loop {
+            let session = match self.session().await {
+                Ok(s) => s,
+                Err(e) if riding_out && e.is_retryable() && time_left() => {
+                    tracing::debug!(lock = %name, error = %e, "distlock etcd: no new session yet");
+                    self.pause_until(deadline).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match self
+                .queue_once(name, admission, deadline, value, &session, started)
+                .await
+            {
+                Err(e)
+                    if session.is_lost()
+                        && e.is_retryable()
+                        && !matches!(e, LockError::Timeout { .. })
+                        && time_left() =>
+                {
+                    tracing::warn!(lock = %name, error = %e, "distlock etcd: the session died while waiting; queueing again on a new one");
+                    riding_out = true;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Sleeps [`RETRY_PAUSE`], or until `deadline` if sooner.
+    async fn pause_until(&self, deadline: Option<Instant>) {
+        let pause = Instant::now() + RETRY_PAUSE;
+        tokio::time::sleep_until(deadline.map_or(pause, |d| d.min(pause))).await;
+    }
+
+    /// Enqueues an attempt key whose value is the secret with its limit
+    /// ([`Admission::entry_suffix`]), or with `value` the secret and that announced value
+    /// ([`distlock_api::announced_entry`]), on `session`, and waits until `admission` admits it.
+    async fn queue_once(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        deadline: Option<Instant>,
+        value: Option<&str>,
+        session: &Arc<Session>,
+        started: Instant,
+    ) -> Result<Grant> {
+        let session = session.clone();
         let prefix = self.name_prefix(name);
         let secret = OwnerSecret::random()?;
         let own = format!("{}{}", secret.expose_hex(), admission.entry_suffix());
@@ -715,7 +764,14 @@ impl EtcdBackend {
                 Err(e) => Err(e),
             };
             if let Err(e) = outcome {
-                queued.remove().await;
+                // A dead session's keys go with its lease on the server: the delete is left to
+                // the background (bounded retries) rather than waited for through a link that
+                // may still be down, so a wait that rides out the stall queues again at once.
+                if session.is_lost() {
+                    drop(queued);
+                } else {
+                    queued.remove().await;
+                }
                 return Err(e);
             }
         }

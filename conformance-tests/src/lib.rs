@@ -141,7 +141,7 @@ macro_rules! for_each_scenario {
             killed_holder_process_frees_the_lock: [Need::ServerProcess],
             waiter_wakes_promptly_after_release: [],
             a_waiter_that_waited_past_the_ttl_gets_a_live_lease: [],
-            waiter_whose_session_dies_gets_an_error: [],
+            a_waiter_whose_session_dies_holds_nothing_through_it: [],
             waiters_are_granted_in_arrival_order: [Need::Fifo],
             waiters_behind_ones_that_gave_up_are_granted: [],
             cancelled_acquires_leave_nothing: [],

@@ -281,3 +281,59 @@ async fn throughput_comes_back_after_a_member_returns() {
         "throughput did not come back: {after} after, {before} before"
     );
 }
+
+/// A waiter cut off for longer than its session TTL (its session dies on the server) rides the
+/// stall out: it queues again on a new session once the link is back, and is granted when the
+/// holder lets go, within its deadline; it was an error ("the session lease died while waiting").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_rides_out_a_stall_longer_than_its_session() {
+    let d = deploy("etcd", 1, false).await;
+    let proxies: Vec<Proxy> = d
+        .cluster
+        .client_ports
+        .iter()
+        .map(|&p| Proxy::start(([127, 0, 0, 1], p).into()).expect("proxy"))
+        .collect();
+    let through: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let waiter = LockClient::new(std::sync::Arc::new(
+        EtcdBackend::connect(&through, options())
+            .await
+            .expect("connect"),
+    ));
+    let holder = LockClient::new(std::sync::Arc::new(
+        EtcdBackend::connect(&d.cluster.endpoints(), options())
+            .await
+            .expect("connect"),
+    ));
+    let ttl = d.ttl();
+    let held = holder
+        .try_acquire("stall", &opts(ttl))
+        .await
+        .expect("acquire");
+    let waiting = tokio::spawn(async move { waiter.acquire("stall", &opts(ttl), ttl * 10).await });
+    sleep(Duration::from_millis(300)).await;
+    proxies
+        .iter()
+        .for_each(|p| p.set_mode(ProxyMode::Blackhole));
+    // Longer than the session TTL: the waiter's session dies on the server.
+    sleep(ttl + Duration::from_millis(1500)).await;
+    proxies.iter().for_each(|p| {
+        p.reset();
+        p.set_mode(ProxyMode::Pass);
+    });
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the wait ended: {:?}",
+        waiting.await
+    );
+    let first = held.fencing_token();
+    assert!(held.release().await.expect("release"));
+    let granted = tokio::time::timeout(ttl * 4, waiting)
+        .await
+        .expect("granted after the stall")
+        .expect("task")
+        .expect("the wait rode out the stall");
+    assert!(granted.fencing_token() > first);
+    assert!(granted.release().await.expect("release"));
+}
