@@ -13,6 +13,8 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v java >/dev/null || need+=(default-jre-headless)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v openssl >/dev/null || need+=(openssl)
+# `script` gives the command's tests a terminal.
+command -v script >/dev/null || need+=(bsdutils)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -16,6 +16,7 @@ mod exit;
 mod guard;
 mod run;
 mod status;
+mod terminal;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

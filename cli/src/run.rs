@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::guard::{Guard, kill_group};
+use crate::terminal::{STOP_POLL, Terminal};
 use crate::{RunArgs, exit, grade};
 
 /// A wait with no `--wait`: as long as it takes.
@@ -139,7 +140,8 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
         );
     }
     let grace = kill_grace(&args, &lease);
-    let mut child = match spawn(&args, &lease) {
+    let terminal = Terminal::foreground();
+    let mut child = match spawn(&args, &lease, terminal.is_some()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("distlock: cannot start {:?}: {e}", args.command[0]);
@@ -193,6 +195,21 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
                 }
                 break exit::LOST;
             }
+            // Ctrl-Z stopped the command (its group has the terminal): stop as a shell job, with
+            // it; continued in the foreground, it gets the terminal back if the lease holds.
+            _ = tokio::time::sleep(STOP_POLL), if terminal.is_some() => {
+                if let Some(t) = terminal
+                    && Terminal::stopped_by_terminal(group)
+                {
+                    t.stop_with_the_command();
+                    if lease.lost_reason().is_none() {
+                        if t.is_ours() {
+                            t.hand_to(group);
+                        }
+                        kill(libc::SIGCONT);
+                    }
+                }
+            }
             _ = cont.recv() => {
                 if lease.lost_reason().is_none() {
                     kill(libc::SIGCONT);
@@ -208,6 +225,9 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
             sig = signals.next() => kill(sig),
         }
     };
+    if let Some(t) = terminal {
+        t.take_back();
+    }
     guard.done().await;
     // Only now, with the command reaped, may anyone else hold the lock.
     release(lease).await;
@@ -288,10 +308,10 @@ async fn other_kind_in_use(locks: &Locks, args: &RunArgs) -> Option<String> {
     }
 }
 
-/// Starts the command in a process group of its own, with the lock in its environment. The
-/// command's process is killed if `distlock`'s thread that started it ends (the guard covers the
-/// rest of its group).
-fn spawn(args: &RunArgs, lease: &Lease) -> std::io::Result<Child> {
+/// Starts the command in a process group of its own, with the lock in its environment, and
+/// with the terminal when `foreground` (see `terminal.rs`). The command's process is killed if
+/// `distlock`'s thread that started it ends (the guard covers the rest of its group).
+fn spawn(args: &RunArgs, lease: &Lease, foreground: bool) -> std::io::Result<Child> {
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .process_group(0)
@@ -310,6 +330,9 @@ fn spawn(args: &RunArgs, lease: &Lease) -> std::io::Result<Child> {
             // `distlock` died before the line above: never run without it.
             if libc::getppid() != parent {
                 libc::_exit(127);
+            }
+            if foreground {
+                Terminal::take_in_child();
             }
             Ok(())
         });

@@ -799,3 +799,29 @@ async fn a_lock_and_a_semaphore_of_one_name_refuse_each_other() {
         }
     }
 }
+
+/// Run from a terminal (`script` gives it one), the command gets the terminal: it reads what is
+/// typed (in a process group of its own it was stopped by SIGTTIN and hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_command_reads_the_terminal() {
+    use tokio::io::AsyncWriteExt;
+    let line = format!("{BIN} --backend memory://cli run tty -- sh -c 'read a; echo got:$a'");
+    let mut run = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script (util-linux)");
+    sleep(Duration::from_millis(500)).await;
+    let mut stdin = run.stdin.take().expect("stdin");
+    stdin.write_all(b"hello\n").await.expect("type");
+    let out = tokio::time::timeout(Duration::from_secs(10), run.wait_with_output())
+        .await
+        .expect("the command hung on reading its terminal")
+        .expect("script");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("got:hello"),
+        "{out:?}"
+    );
+}
