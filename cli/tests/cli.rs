@@ -642,6 +642,22 @@ async fn an_operators_first_hour() {
         "{session:?}"
     );
 
+    // `check` refuses the lease settings `run` refuses: a renewal period past the validity
+    // window of the session's TTL (2 s), which a bare lease settings check passes.
+    for command in [&["check"][..], &["run", "renew", "--", "true"][..]] {
+        let refused = distlock(&etcd)
+            .env("DISTLOCK_LEASE__RENEW_EVERY", "10s")
+            .args(command)
+            .output()
+            .await
+            .expect("check");
+        assert_eq!(refused.status.code(), Some(78), "{command:?}: {refused:?}");
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("lease.renew_every"),
+            "{command:?}: {refused:?}"
+        );
+    }
+
     // -v shows the library's debug lines (the release here) on stderr.
     let verbose = Command::new(BIN)
         .args([

@@ -57,15 +57,24 @@ fn lease_defaults(config: &Config) -> Result<AcquireOptions, ConfigError> {
     if let Some(every) = &config.lease.renew_every {
         opts = opts.renew_every(parse_duration("lease.renew_every", &text(every))?);
     }
-    opts.validate().map_err(|e| match e {
+    opts.validate().map_err(|e| lease_refused(e, None))?;
+    Ok(opts)
+}
+
+/// A lease option refused by the library, as the configuration key it came from (and the
+/// backend whose TTL refused it, if one did).
+fn lease_refused(e: LockError, backend: Option<&str>) -> ConfigError {
+    match e {
         LockError::InvalidConfig { key, value, reason } => ConfigError::InvalidValue {
             key: format!("lease.{key}"),
             value,
-            reason,
+            reason: match backend {
+                Some(name) => format!("{reason} (on backend {name})"),
+                None => reason,
+            },
         },
         other => ConfigError::invalid("lease", "", other.to_string()),
-    })?;
-    Ok(opts)
+    }
 }
 
 impl Locks {
@@ -156,6 +165,13 @@ impl Locks {
                         })?;
                 clients.insert(name.clone(), LockClient::new(backend));
             }
+        }
+        // The lease settings against the TTL each backend really gives (a session's on etcd and
+        // ZooKeeper, known once connected): refused here, not at the first acquire.
+        for (name, client) in &clients {
+            client
+                .checked_ttl(&defaults)
+                .map_err(|e| lease_refused(e, Some(name)))?;
         }
         let profile = |name: &String| Profile {
             backend: name.clone(),

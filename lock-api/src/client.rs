@@ -245,6 +245,19 @@ impl LockClient {
         result
     }
 
+    /// The TTL a lease taken with `opts` gets here (a session's, on etcd and ZooKeeper), once
+    /// `opts` are checked against it: the renewal period must fit that TTL's validity window,
+    /// not only the asked TTL's. No I/O; every acquire checks this first.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming the option, as [`AcquireOptions::validate`].
+    pub fn checked_ttl(&self, opts: &AcquireOptions) -> Result<Duration> {
+        opts.validate()?;
+        let ttl = self.backend.lease_ttl(opts.ttl);
+        opts.validate_for(ttl)?;
+        Ok(ttl)
+    }
+
     async fn acquire_checked(
         &self,
         name: &str,
@@ -254,11 +267,7 @@ impl LockClient {
         admission: Option<Admission>,
     ) -> Result<(Lease, bool)> {
         let name = LockName::new(name)?;
-        opts.validate()?;
-        // The TTL the lease will actually get (a session's, on etcd and ZooKeeper): the renewal
-        // period must fit its validity window, not only the asked TTL's.
-        let ttl = self.backend.lease_ttl(opts.ttl);
-        opts.validate_for(ttl)?;
+        let ttl = self.checked_ttl(opts)?;
         self.check_guarantee(opts.guarantee)?;
         let runtime = Handle::try_current().map_err(|_| LockError::Unsupported {
             backend: self.backend.kind(),
