@@ -3,6 +3,7 @@
 //! ```sh
 //! distlock --backend redis://127.0.0.1:6379 run nightly-backup -- ./backup.sh
 //! distlock --config distlock.toml run --correctness --wait 30s payments-migration -- ./migrate
+//! distlock --backend etcd://127.0.0.1:2379/app elect --correctness scheduler -- ./schedule
 //! distlock --backend etcd://127.0.0.1:2379/app status nightly-backup --json
 //! distlock --config distlock.toml check
 //! ```
@@ -14,6 +15,7 @@
 mod check;
 mod exit;
 mod guard;
+mod kind;
 mod run;
 mod status;
 mod terminal;
@@ -25,6 +27,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use distlock::{Config, ConfigError, Guarantee, Locks};
+use kind::Kind;
 
 #[derive(Parser)]
 #[command(
@@ -59,15 +62,18 @@ struct Source {
 enum Command {
     /// Run a command once the lock is held; terminate it if the lock is lost.
     Run(RunArgs),
+    /// Run a command while leading the election NAME; terminate it if the leadership is lost.
+    /// The next leader's command starts only once this one is gone.
+    Elect(ElectArgs),
     /// Show who holds each lock, with its token, time to live and waiters.
     Status(StatusArgs),
     /// Load and check the configuration, connect, and show each profile's backend.
     Check,
 }
 
-/// `distlock run`.
+/// What `run` and `elect` share: the name, the lease, the wait, the command.
 #[derive(Args)]
-struct RunArgs {
+struct Held {
     /// The lock name.
     name: String,
     /// Take a correctness lock (etcd or ZooKeeper: the command gets a fencing token).
@@ -87,10 +93,6 @@ struct RunArgs {
     /// (as flock's -E): for commands that exit 75 themselves.
     #[arg(short = 'E', long, value_parser = clap::value_parser!(u8))]
     conflict_exit_code: Option<u8>,
-    /// Let at most N commands run at once under this name (a semaphore of N permits; every
-    /// user of the name must give the same N).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    limit: Option<u32>,
     /// After the lock is lost, how long the command has between SIGTERM and SIGKILL (default
     /// and most: half the lost signal's lead, 10 % of the TTL, so the command is gone before
     /// anyone else can hold the lock; a longer value is cut, with a warning).
@@ -99,6 +101,47 @@ struct RunArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     command: Vec<OsString>,
+}
+
+/// `distlock run`.
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    held: Held,
+    /// Let at most N commands run at once under this name (a semaphore of N permits; every
+    /// user of the name must give the same N).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["shared", "exclusive"])]
+    limit: Option<u32>,
+    /// Take the name's read-write lock shared (as flock's -s): with other --shared runs, never
+    /// with an --exclusive one; a waiting --exclusive run goes before later --shared ones.
+    #[arg(short = 's', long, conflicts_with = "exclusive")]
+    shared: bool,
+    /// Take the name's read-write lock exclusively (as flock's -x): alone, never with a
+    /// --shared run.
+    #[arg(short = 'x', long)]
+    exclusive: bool,
+}
+
+impl RunArgs {
+    fn kind(&self) -> Kind {
+        match (self.limit, self.shared, self.exclusive) {
+            (Some(n), _, _) => Kind::Permit(n),
+            (None, true, _) => Kind::Read,
+            (None, false, true) => Kind::Write,
+            (None, false, false) => Kind::Lock,
+        }
+    }
+}
+
+/// `distlock elect`.
+#[derive(Args)]
+struct ElectArgs {
+    #[command(flatten)]
+    held: Held,
+    /// The value observers of the election read while this command leads (default:
+    /// `<host>:<pid>` of `distlock`).
+    #[arg(long)]
+    value: Option<String>,
 }
 
 /// `distlock status`.
@@ -225,7 +268,11 @@ async fn main() -> ExitCode {
         Err(code) => return code,
     };
     match cli.command {
-        Command::Run(args) => run::run(&locks, args).await,
+        Command::Run(args) => run::run(&locks, &args.held, args.kind()).await,
+        Command::Elect(args) => {
+            let value = args.value.unwrap_or_else(kind::this_process);
+            run::run(&locks, &args.held, Kind::Leader(value)).await
+        }
         Command::Status(args) => status::status(&locks, args).await,
         Command::Check => check::check(&loaded, &locks).await,
     }

@@ -9,15 +9,14 @@ use std::io::IsTerminal;
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
-use distlock::{
-    AcquireOptions, Admission, Lease, LockError, Locks, SEMAPHORE_LOCK_PREFIX, run_vars,
-};
+use distlock::{AcquireOptions, Admission, Guarantee, Lease, LockError, Locks, run_vars};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::guard::{Guard, kill_group};
+use crate::kind::{Kind, NAMESPACES};
 use crate::terminal::{STOP_POLL, Terminal};
-use crate::{RunArgs, exit, grade};
+use crate::{Held, exit, grade};
 
 /// A wait with no `--wait`: as long as it takes.
 const FOREVER: Duration = Duration::from_secs(10 * 365 * 86_400);
@@ -66,7 +65,7 @@ impl Signals {
     }
 }
 
-pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
+pub async fn run(locks: &Locks, args: &Held, kind: Kind) -> ExitCode {
     // SIGCONT is not passed on: `distlock` resumed after a stop resumes the command itself, if
     // its lease is still valid.
     let installed =
@@ -78,7 +77,7 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
             return ExitCode::from(exit::UNAVAILABLE);
         }
     };
-    let acquire = acquire(locks, &args);
+    let acquire = acquire(locks, args, &kind);
     let notice = async {
         tokio::time::sleep(NOTICE_AFTER).await;
         if std::io::stderr().is_terminal() {
@@ -118,10 +117,10 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
         release(lease).await;
         return ExitCode::from(exit::LOST);
     }
-    // A lock and a semaphore of one name are two queues: a plain run beside `--limit` runs (or
-    // the reverse) would run unbounded. Checked once held, by both sides, so of two that start
-    // together at least the later one sees the other and gives way.
-    if let Some(other) = other_kind_in_use(locks, &args).await {
+    // Each kind of one name is a queue of its own: a plain run beside `--limit` runs (or beside
+    // `--shared` ones, or a leader) would run unbounded. Checked once held, by both sides, so of
+    // two that start together at least the later one sees the other and gives way.
+    if let Some(other) = other_kind_in_use(locks, args, &kind).await {
         eprintln!(
             "distlock: {} is in use as {other}: every user of a name must run it the same way",
             distlock::shown(&args.name)
@@ -139,9 +138,9 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
             lease.ttl()
         );
     }
-    let grace = kill_grace(&args, &lease);
+    let grace = kill_grace(args, &lease);
     let terminal = Terminal::foreground();
-    let mut child = match spawn(&args, &lease, terminal.is_some()) {
+    let mut child = match spawn(args, &lease, terminal.is_some()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("distlock: cannot start {:?}: {e}", args.command[0]);
@@ -237,7 +236,7 @@ pub async fn run(locks: &Locks, args: RunArgs) -> ExitCode {
 /// How long the command gets between SIGTERM and SIGKILL once the lock is lost: `--kill-after`,
 /// at most half the lost signal's lead, so the command is gone before the server's expiry could
 /// grant the lock to anyone else. A longer `--kill-after` is cut, with a warning.
-fn kill_grace(args: &RunArgs, lease: &Lease) -> Duration {
+fn kill_grace(args: &Held, lease: &Lease) -> Duration {
     let bound = lease.lead() / 2;
     match args.kill_after {
         Some(asked) if asked > bound => {
@@ -255,63 +254,102 @@ fn kill_grace(args: &RunArgs, lease: &Lease) -> Duration {
     }
 }
 
-/// Takes the lock, or with `--limit N` one of N permits, as the options say.
-async fn acquire(locks: &Locks, args: &RunArgs) -> distlock::Result<Lease> {
+/// Takes the name as `kind` says, waiting as the options say.
+async fn acquire(locks: &Locks, args: &Held, kind: &Kind) -> distlock::Result<Lease> {
     let wait = match (args.no_wait, args.wait) {
         (true, _) | (_, Some(Duration::ZERO)) => None,
         (false, wait) => Some(wait.unwrap_or(FOREVER)),
     };
-    let Some(permits) = args.limit else {
-        let mut call = match grade(args.correctness) {
-            distlock::Guarantee::Efficiency => locks.efficiency(&args.name),
-            distlock::Guarantee::Correctness => locks.correctness(&args.name),
-        };
-        if let Some(ttl) = args.ttl {
-            call = call.ttl(ttl);
-        }
-        return match wait {
-            None => call.try_now().await,
-            Some(w) => call.wait(w).await,
-        };
+    let grade = grade(args.correctness);
+    let opts = |defaults: &AcquireOptions| match args.ttl {
+        Some(ttl) => AcquireOptions {
+            ttl,
+            ..defaults.clone()
+        },
+        None => defaults.clone(),
     };
-    let mut semaphore = locks.semaphore(&args.name, permits, grade(args.correctness))?;
-    if let Some(ttl) = args.ttl {
-        let opts = semaphore.lease_options().clone();
-        semaphore = semaphore.options(AcquireOptions { ttl, ..opts });
-    }
-    match wait {
-        None => semaphore.try_acquire().await,
-        Some(w) => semaphore.acquire(w).await,
+    match kind {
+        Kind::Lock => {
+            let mut call = match grade {
+                Guarantee::Efficiency => locks.efficiency(&args.name),
+                Guarantee::Correctness => locks.correctness(&args.name),
+            };
+            if let Some(ttl) = args.ttl {
+                call = call.ttl(ttl);
+            }
+            match wait {
+                None => call.try_now().await,
+                Some(w) => call.wait(w).await,
+            }
+        }
+        Kind::Permit(n) => {
+            let semaphore = locks.semaphore(&args.name, *n, grade)?;
+            let chosen = opts(semaphore.lease_options());
+            let semaphore = semaphore.options(chosen);
+            match wait {
+                None => semaphore.try_acquire().await,
+                Some(w) => semaphore.acquire(w).await,
+            }
+        }
+        Kind::Read | Kind::Write => {
+            let rwlock = locks.rwlock(&args.name, grade)?;
+            let chosen = opts(rwlock.lease_options());
+            let rwlock = rwlock.options(chosen);
+            match (kind, wait) {
+                (Kind::Read, None) => rwlock.try_read().await,
+                (Kind::Read, Some(w)) => rwlock.read(w).await,
+                (_, None) => rwlock.try_write().await,
+                (_, Some(w)) => rwlock.write(w).await,
+            }
+        }
+        Kind::Leader(value) => {
+            let election = locks.election(&args.name, grade)?;
+            let chosen = opts(election.lease_options());
+            let election = election.options(chosen);
+            // A campaign has no try: one that may not wait is one whose wait is over at once.
+            match election
+                .campaign_for(value, wait.unwrap_or(Duration::ZERO))
+                .await
+            {
+                Ok(leadership) => Ok(leadership.into_lease()),
+                Err(LockError::Timeout { .. }) if wait.is_none() => Err(LockError::Busy {
+                    name: args.name.clone(),
+                }),
+                Err(e) => Err(e),
+            }
+        }
     }
 }
 
-/// How the name is in use in the other queue than ours: as a semaphore (`--limit`) when we run
-/// it as a lock, as a lock when we run it with `--limit`. A backend that cannot say (no
-/// `inspect`) is taken at its word; one that fails to answer is a conflict we cannot rule out.
-async fn other_kind_in_use(locks: &Locks, args: &RunArgs) -> Option<String> {
+/// How the name is in use as another kind than ours (see `kind.rs`). A backend that cannot
+/// say (no `inspect`) is taken at its word; one that fails to answer is a conflict we cannot
+/// rule out.
+async fn other_kind_in_use(locks: &Locks, args: &Held, kind: &Kind) -> Option<String> {
     let client = locks.client(grade(args.correctness)).ok()?;
-    let (other, what) = match args.limit {
-        None => (
-            format!("{SEMAPHORE_LOCK_PREFIX}{}", args.name),
-            "a semaphore (run --limit N)",
-        ),
-        Some(_) => (args.name.clone(), "a lock (run without --limit)"),
-    };
-    match client.inspect(&other).await {
-        Ok(s) if s.holders.is_empty() && s.waiters == 0 => None,
-        Ok(s) => Some(match s.holder().map(|h| h.admission) {
-            Some(Admission::Permit(n)) => format!("a semaphore of {n} (run --limit {n})"),
-            _ => what.to_string(),
-        }),
-        Err(LockError::Unsupported { .. }) => None,
-        Err(e) => Some(format!("unknown: its use could not be read ({e})")),
+    let ours = kind.namespace();
+    for other in NAMESPACES.iter().filter(|n| n.prefix != ours.prefix) {
+        match client
+            .inspect(&format!("{}{}", other.prefix, args.name))
+            .await
+        {
+            Ok(s) if s.holders.is_empty() && s.waiters == 0 => {}
+            Ok(s) => {
+                return Some(match s.holder().map(|h| h.admission) {
+                    Some(Admission::Permit(n)) => format!("a semaphore of {n} (run --limit {n})"),
+                    _ => format!("{} ({})", other.what, other.used_by),
+                });
+            }
+            Err(LockError::Unsupported { .. }) => {}
+            Err(e) => return Some(format!("unknown: its use could not be read ({e})")),
+        }
     }
+    None
 }
 
 /// Starts the command in a process group of its own, with the lock in its environment, and
 /// with the terminal when `foreground` (see `terminal.rs`). The command's process is killed if
 /// `distlock`'s thread that started it ends (the guard covers the rest of its group).
-fn spawn(args: &RunArgs, lease: &Lease, foreground: bool) -> std::io::Result<Child> {
+fn spawn(args: &Held, lease: &Lease, foreground: bool) -> std::io::Result<Child> {
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .process_group(0)

@@ -1,23 +1,13 @@
 //! `distlock status`: each name's holders (token, time to live, what each holds) and waiters,
-//! read without touching anything. A name is shown as a lock, and also as a semaphore or a
-//! read-write lock when those of that name have holders or waiters (`run --limit N` takes a
-//! semaphore's permits).
+//! read without touching anything. A name is shown as a lock, or as each other kind (semaphore,
+//! read-write lock, election: see `kind.rs`) in use under it.
 
 use std::process::ExitCode;
 
-use distlock::{
-    Admission, HolderStatus, LockClient, LockStatus, Locks, RWLOCK_LOCK_PREFIX,
-    SEMAPHORE_LOCK_PREFIX,
-};
+use distlock::{Admission, HolderStatus, LockClient, LockStatus, Locks};
 
+use crate::kind::NAMESPACES;
 use crate::{StatusArgs, exit, grade};
-
-/// The kinds of primitive a name may be used as, and the queue each keeps it in.
-const KINDS: [(&str, &str); 3] = [
-    ("lock", ""),
-    ("semaphore", SEMAPHORE_LOCK_PREFIX),
-    ("rwlock", RWLOCK_LOCK_PREFIX),
-];
 
 struct Row<'a> {
     name: &'a str,
@@ -61,10 +51,14 @@ pub async fn status(locks: &Locks, args: StatusArgs) -> ExitCode {
 /// The name as a lock, then as each other primitive that has holders or waiters.
 async fn rows_of<'a>(client: &LockClient, name: &'a str) -> distlock::Result<Vec<Row<'a>>> {
     let mut rows = Vec::new();
-    for (kind, prefix) in KINDS {
-        let status = client.inspect(&format!("{prefix}{name}")).await?;
-        if kind == "lock" || !status.holders.is_empty() || status.waiters > 0 {
-            rows.push(Row { name, kind, status });
+    for space in &NAMESPACES {
+        let status = client.inspect(&format!("{}{name}", space.prefix)).await?;
+        if space.prefix.is_empty() || !status.holders.is_empty() || status.waiters > 0 {
+            rows.push(Row {
+                name,
+                kind: space.label,
+                status,
+            });
         }
     }
     // Shown as a lock only when nothing else of that name is in use.
@@ -74,8 +68,9 @@ async fn rows_of<'a>(client: &LockClient, name: &'a str) -> distlock::Result<Vec
     Ok(rows)
 }
 
-fn held_as(h: &HolderStatus) -> String {
+fn held_as(kind: &str, h: &HolderStatus) -> String {
     match h.admission {
+        Admission::Exclusive if kind == "election" => "leader".to_string(),
         Admission::Exclusive => "exclusive".to_string(),
         Admission::Shared => "shared".to_string(),
         Admission::Permit(n) => format!("permit of {n}"),
@@ -92,7 +87,7 @@ fn json(r: &Row<'_>, backend: &str) -> serde_json::Value {
             serde_json::json!({
                 "token": h.token.map(|t| t.get()),
                 "expires_in_ms": h.expires_in.map(|d| d.as_millis() as u64),
-                "holds": held_as(h),
+                "holds": held_as(r.kind, h),
             })
         })
         .collect();
@@ -123,7 +118,7 @@ fn lines(r: &Row<'_>) -> Vec<String> {
                 "{}\t{}\theld ({})\t{}\t{}\t{waiters}",
                 r.name,
                 r.kind,
-                held_as(h),
+                held_as(r.kind, h),
                 h.token.map_or_else(dash, |t| t.to_string()),
                 h.expires_in.map_or_else(dash, |d| format!("{d:.1?}")),
             )

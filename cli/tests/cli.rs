@@ -412,7 +412,8 @@ async fn signals_reach_the_running_command() {
 /// A command that ignores SIGTERM, under a lock whose holder is cut off: with a `--kill-after`
 /// far longer than the lost signal's lead, the command is still killed (SIGKILL within half the
 /// lead) before the server's expiry could grant the lock, so the next `run` of the name never
-/// finds it alive; the long `--kill-after` is cut with a warning.
+/// finds it alive; the long `--kill-after` is cut with a warning. The same for a leader's
+/// command under `elect`: the next leader's command starts only once it is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lock_kills_the_command_before_anyone_else_runs() {
     let s = servers().await;
@@ -421,7 +422,11 @@ async fn a_lost_lock_kills_the_command_before_anyone_else_runs() {
         s.etcd.client_ports.clone(),
         s.zk.client_ports.clone(),
     ];
-    for (i, ports) in ports.into_iter().enumerate() {
+    let cases = ports
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, p)| [(i, p.clone(), "run"), (i, p, "elect")]);
+    for (i, ports, verb) in cases {
         let cut = ProxyCut::to_ports(ports);
         let url = urls(&s, |_| cut.addrs()).remove(i);
         let direct_url = urls(&s, direct).remove(i);
@@ -433,7 +438,7 @@ async fn a_lost_lock_kills_the_command_before_anyone_else_runs() {
             pid_file.display()
         );
         let run = distlock(&url)
-            .args(["run", &name, "--ttl", "3s", "--kill-after", "10s", "--"])
+            .args([verb, &name, "--ttl", "3s", "--kill-after", "10s", "--"])
             .args(["sh", "-c", &script])
             .stderr(Stdio::piped())
             .spawn()
@@ -443,7 +448,7 @@ async fn a_lost_lock_kills_the_command_before_anyone_else_runs() {
                 std::fs::read_to_string(&pid_file).is_ok_and(|t| t.ends_with('\n'))
             })
             .await,
-            "{url}: the command never ran"
+            "{verb} {url}: the command never ran"
         );
         let pid = std::fs::read_to_string(&pid_file).expect("pid");
         cut.cut();
@@ -454,7 +459,7 @@ async fn a_lost_lock_kills_the_command_before_anyone_else_runs() {
         let until = Instant::now() + Duration::from_secs(20);
         let next = loop {
             let out = distlock(&direct_url)
-                .args(["run", &name, "--no-wait", "--", "sh", "-c", &check])
+                .args([verb, &name, "--no-wait", "--", "sh", "-c", &check])
                 .output()
                 .await
                 .expect("next run");
@@ -463,16 +468,19 @@ async fn a_lost_lock_kills_the_command_before_anyone_else_runs() {
             }
             sleep(Duration::from_millis(20)).await;
         };
-        assert_eq!(next.status.code(), Some(0), "{url}: {next:?}");
+        assert_eq!(next.status.code(), Some(0), "{verb} {url}: {next:?}");
         assert_eq!(
             String::from_utf8_lossy(&next.stdout).trim(),
             "alone",
-            "{url}: the next run started while the lost lock's command still ran"
+            "{verb} {url}: the next run started while the lost lock's command still ran"
         );
         let out = run.wait_with_output().await.expect("first run");
-        assert_eq!(out.status.code(), Some(76), "{url}");
+        assert_eq!(out.status.code(), Some(76), "{verb} {url}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("--kill-after 10s"), "{url}: {stderr}");
+        assert!(
+            stderr.contains("--kill-after 10s"),
+            "{verb} {url}: {stderr}"
+        );
         cut.restore();
     }
 }
@@ -840,4 +848,141 @@ async fn an_interactive_command_reads_the_terminal() {
         String::from_utf8_lossy(&out.stdout).contains("got:hello"),
         "{out:?}"
     );
+}
+
+/// `run --shared` runs beside another `--shared` run of the name; `--exclusive` waits for them
+/// and runs alone (a try of it is busy meanwhile); a plain `run` of the name is refused (78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_runs_share_and_an_exclusive_run_is_alone() {
+    let s = servers().await;
+    for url in urls(&s, direct) {
+        let dir = TempDir::new("cli").expect("dir");
+        let (log, began) = (dir.path().join("log"), dir.path().join("began"));
+        let name = unique("rw");
+        let mut first = distlock(&url)
+            .args(["run", "--shared", &name, "--", "sh", "-c"])
+            .arg(format!(
+                "touch {1}; sleep 2; echo first-end >> {0}",
+                log.display(),
+                began.display()
+            ))
+            .spawn()
+            .expect("first reader");
+        assert!(
+            eventually(Duration::from_secs(10), async || began.exists()).await,
+            "{url}: the first reader never ran"
+        );
+        let second = distlock(&url)
+            .args(["run", "-s", "--no-wait", &name, "--", "sh", "-c"])
+            .arg(format!("echo second >> {}", log.display()))
+            .status()
+            .await
+            .expect("second reader");
+        assert_eq!(second.code(), Some(0), "{url}: readers share");
+        let tried = distlock(&url)
+            .args(["run", "-x", "--no-wait", &name, "--", "true"])
+            .status()
+            .await
+            .expect("writer's try");
+        assert_eq!(tried.code(), Some(75), "{url}: a writer beside a reader");
+        let plain = distlock(&url)
+            .args(["run", &name, "--", "true"])
+            .output()
+            .await
+            .expect("plain run");
+        assert_eq!(plain.status.code(), Some(78), "{url}: {plain:?}");
+        assert!(
+            String::from_utf8_lossy(&plain.stderr).contains("read-write lock"),
+            "{url}: {plain:?}"
+        );
+        let writer = distlock(&url)
+            .args([
+                "run",
+                "--exclusive",
+                "--wait",
+                "20s",
+                &name,
+                "--",
+                "sh",
+                "-c",
+            ])
+            .arg(format!("echo writer >> {}", log.display()))
+            .status()
+            .await
+            .expect("writer");
+        assert_eq!(writer.code(), Some(0), "{url}");
+        assert_eq!(first.wait().await.expect("first").code(), Some(0));
+        let text = std::fs::read_to_string(&log).expect("log");
+        assert_eq!(
+            text.lines().collect::<Vec<_>>(),
+            ["second", "first-end", "writer"],
+            "{url}"
+        );
+    }
+}
+
+/// `distlock elect`: two candidates' commands run one after the other, the second with a higher
+/// term as its token; while one leads, `status` shows the election's leader, a try to lead is
+/// busy (75) and a plain `run` of the name is refused (78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elected_commands_follow_each_other_with_rising_terms() {
+    let s = servers().await;
+    for url in urls(&s, direct) {
+        let dir = TempDir::new("cli").expect("dir");
+        let log = dir.path().join("log");
+        let name = unique("elect");
+        let script = format!(
+            "echo \"start $DISTLOCK_TOKEN\" >> {0}; sleep 1; echo end >> {0}",
+            log.display()
+        );
+        let candidates: Vec<_> = (0..2)
+            .map(|_| {
+                distlock(&url)
+                    .args(["elect", &name, "--", "sh", "-c", &script])
+                    .spawn()
+                    .expect("candidate")
+            })
+            .collect();
+        let leads = async || {
+            let out = distlock(&url)
+                .args(["status", &name, "--json"])
+                .output()
+                .await
+                .expect("status");
+            let seen: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+            seen[0]["kind"] == "election" && seen[0]["holders"][0]["holds"] == "leader"
+        };
+        assert!(
+            eventually(Duration::from_secs(10), leads).await,
+            "{url}: no leader shown"
+        );
+        let tried = distlock(&url)
+            .args(["elect", "--no-wait", &name, "--", "true"])
+            .status()
+            .await
+            .expect("try");
+        assert_eq!(tried.code(), Some(75), "{url}: a second leader");
+        let plain = distlock(&url)
+            .args(["run", &name, "--", "true"])
+            .status()
+            .await
+            .expect("plain run");
+        assert_eq!(plain.code(), Some(78), "{url}: a lock beside a leader");
+        for mut c in candidates {
+            assert_eq!(c.wait().await.expect("candidate").code(), Some(0), "{url}");
+        }
+        let text = std::fs::read_to_string(&log).expect("log");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{url}: {text}");
+        assert_eq!(
+            (lines[1], lines[3]),
+            ("end", "end"),
+            "{url}: overlap: {text}"
+        );
+        let term = |line: &str| -> u64 {
+            let token = line.strip_prefix("start ").expect("a start line");
+            token.parse().expect("a term")
+        };
+        assert!(term(lines[2]) > term(lines[0]), "{url}: {text}");
+    }
 }

@@ -153,6 +153,11 @@ impl Election {
         self
     }
 
+    /// The lease options campaigns use now.
+    pub fn lease_options(&self) -> &AcquireOptions {
+        &self.opts
+    }
+
     /// Stands as a candidate with `value` and waits until elected. Candidates are elected in
     /// arrival order where the backend declares FIFO (`Capabilities::fifo`); the
     /// leadership lasts while its lease does (the watchdog renews it; its lost signal fires
@@ -372,6 +377,13 @@ impl Leadership {
     /// The lease that carries the leadership (validity, TTL, renew).
     pub fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// The leadership as its lease, for code that holds every primitive alike: the term is the
+    /// lease's fencing token, observers read the value until the lease is released, and
+    /// releasing (or dropping) it resigns, as [`Leadership::resign`] does.
+    pub fn into_lease(self) -> Lease {
+        self.lease
     }
 
     /// Resolves when the leadership is lost, before any other candidate can be elected (the
