@@ -22,6 +22,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 use crate::config::EtcdOptions;
 use crate::keys::{attempt_key, name_prefix, parse_attempt_key};
 use crate::session::Session;
+use crate::try_acquire::Tried;
 use crate::watches::{NameWatches, Note};
 
 /// What the etcd backend declares: correctness grade, cluster-wide monotonic fencing (create
@@ -688,7 +689,8 @@ impl EtcdBackend {
 
     /// Enqueues an attempt key whose value is the secret with its limit
     /// ([`Admission::entry_suffix`]), or with `value` the secret and that announced value
-    /// ([`distlock_api::announced_entry`]), on `session`, and waits until `admission` admits it.
+    /// ([`distlock_api::announced_entry`]), on `session`, and waits until `admission` admits it;
+    /// a try (no `deadline`) puts its key only if admitted at once (see `try_acquire.rs`).
     async fn queue_once(
         &self,
         name: &LockName,
@@ -721,6 +723,33 @@ impl EtcdBackend {
         // acquire on 2 cores); if the caller gives up while it is in flight, `InFlight` moves it
         // into a task that finishes it before the armed key is dropped and deleted (see there).
         let (this, k, lease) = (self.clone(), key.clone(), session.lease);
+        let Some(deadline) = deadline else {
+            let shown = name.to_string();
+            let put = InFlight::new(async move {
+                let tried = this
+                    .try_enqueue(&shown, &queued.prefix, &k, lease, &queued.entry, admission)
+                    .await;
+                queued.unsure = tried.is_err();
+                (queued, tried)
+            });
+            let (queued, tried) = put
+                .finish()
+                .await
+                .ok_or_else(|| self.err_text("the try ended without an answer"))?;
+            return match tried {
+                Ok(Tried::Put(my_rev)) => {
+                    Ok(self.granted(queued, &secret, name, admission, my_rev))
+                }
+                Ok(Tried::Refused(e)) => {
+                    queued.unused();
+                    Err(e)
+                }
+                Err(e) => {
+                    queued.remove().await;
+                    Err(e)
+                }
+            };
+        };
         // The repeat grant's proof holds for an exclusive entry only (one admitted with nothing
         // ahead); a shared one could have been admitted beside holders still there.
         let prior = if admission == Admission::Exclusive {
@@ -735,7 +764,7 @@ impl EtcdBackend {
             queued.unsure = enqueued.is_err();
             (queued, enqueued)
         });
-        let (mut queued, enqueued) = put
+        let (queued, enqueued) = put
             .finish()
             .await
             .ok_or_else(|| self.err_text("the enqueue ended without an answer"))?;
@@ -745,12 +774,6 @@ impl EtcdBackend {
             return Err(e);
         }
         if !ahead.admitted() {
-            let Some(deadline) = deadline else {
-                queued.remove().await;
-                return Err(LockError::Busy {
-                    name: name.to_string(),
-                });
-            };
             let waited = self
                 .wait_turn(&prefix, &key, my_rev, ahead, &session, deadline)
                 .await;
@@ -775,21 +798,34 @@ impl EtcdBackend {
                 return Err(e);
             }
         }
-        queued.key = None;
+        Ok(self.granted(queued, &secret, name, admission, my_rev))
+    }
+
+    /// The grant of our queued key, admitted at `my_rev` (its fencing token): no longer ours to
+    /// delete on drop.
+    fn granted(
+        &self,
+        mut queued: QueuedKey,
+        secret: &OwnerSecret,
+        name: &LockName,
+        admission: Admission,
+        my_rev: i64,
+    ) -> Grant {
+        let key = queued.key.take().unwrap_or_default();
         if admission == Admission::Exclusive {
-            self.inner.repeat.granted(&prefix, &key, my_rev);
+            self.inner.repeat.granted(&queued.prefix, &key, my_rev);
         }
-        Ok(Grant {
+        Grant {
             key: GrantKey {
                 name: name.clone(),
                 resource: key,
-                secret,
+                secret: secret.clone(),
             },
             token: Some(FencingToken(my_rev as u64)),
-            ttl: session.ttl,
-            sent_at: session.refreshed(),
-            session: Some(session.lost_signal()),
-        })
+            ttl: queued.session.ttl,
+            sent_at: queued.session.refreshed(),
+            session: Some(queued.session.lost_signal()),
+        }
     }
 }
 
@@ -813,6 +849,12 @@ struct QueuedKey {
 }
 
 impl QueuedKey {
+    /// The key was never put (a try refused before writing): its slot is free again.
+    fn unused(mut self) {
+        self.key = None;
+        self.session.free_slot(&self.prefix, self.slot);
+    }
+
     /// Deletes the key now (the caller waits), so a failed acquire returns with nothing left.
     /// The key stays armed until the delete is done: a caller dropped meanwhile leaves it to
     /// the background.

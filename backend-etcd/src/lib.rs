@@ -58,6 +58,7 @@ mod guard;
 mod inspect;
 pub mod keys;
 mod session;
+mod try_acquire;
 pub mod url;
 mod watches;
 

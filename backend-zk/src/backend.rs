@@ -419,6 +419,12 @@ impl ZkBackend {
         let started = Instant::now();
         let epoch = self.epoch().await?;
         let dir = self.lock_dir(name);
+        // A try writes nothing where it is not admitted (see `try_acquire.rs`).
+        if deadline.is_none()
+            && !(admission == Admission::Exclusive && self.inner.repeat.released_in(&dir))
+        {
+            self.admits_now(&epoch, &dir, name, admission).await?;
+        }
         let secret = OwnerSecret::random()?;
         let sent = Instant::now();
         // Armed before the create is sent: if this future is dropped mid-create, the cleanup

@@ -44,6 +44,7 @@ mod guard;
 mod inspect;
 pub mod paths;
 mod session;
+mod try_acquire;
 pub mod url;
 
 pub use backend::{CAPABILITIES, ZkBackend};

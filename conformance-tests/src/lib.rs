@@ -162,6 +162,7 @@ macro_rules! for_each_scenario {
             a_killed_holder_process_returns_its_permit: [Need::Policies, Need::ServerProcess],
             cancelled_permit_waiters_leave_nothing: [Need::Policies],
             cancelled_reader_and_writer_waits_leave_nothing: [Need::Policies],
+            a_try_loses_only_to_holders_and_waiters: [Need::Policies],
             permits_are_granted_in_arrival_order: [Need::Policies, Need::Fifo],
             a_mismatched_permit_count_is_refused: [Need::Policies],
             readers_share_and_a_writer_excludes: [Need::Policies],

@@ -171,7 +171,11 @@ async fn connection_loss_right_after_create_leaves_no_orphan() {
     p.iter().for_each(|x| x.set_mode(ProxyMode::DropReplies));
     let c = client.clone();
     let n = name.clone();
-    let attempt = tokio::spawn(async move { c.try_acquire(&n, Duration::from_secs(2)).await });
+    // A wait, not a try: a try reads the queue before it creates (its read's reply would be
+    // the one lost).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let attempt =
+        tokio::spawn(async move { c.acquire(&n, Duration::from_secs(2), deadline).await });
     // The create reaches the ensemble; its reply does not reach us.
     let mut created = false;
     for _ in 0..100 {

@@ -74,14 +74,17 @@ impl RepeatGrant {
         }
     }
 
+    /// Whether the latest grant is ours in `queue`, released (what [`RepeatGrant::take`] would
+    /// take), without taking it.
+    pub fn released_in(&self, queue: &str) -> bool {
+        released_in(&self.lock(), queue)
+    }
+
     /// Before an enqueue in `queue`: our released grant there, if the latest grant is one. Taken,
     /// so two enqueues at once do not both lean on it (only one can get `z + 2` anyway).
     pub fn take(&self, queue: &str) -> Option<RepeatPrior> {
         let mut last = self.lock();
-        if !last
-            .as_ref()
-            .is_some_and(|l| l.released && l.queue == queue)
-        {
+        if !released_in(&last, queue) {
             return None;
         }
         let number = last.take().map(|l| l.number)?;
@@ -102,6 +105,11 @@ impl RepeatGrant {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Last>> {
         self.last.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+fn released_in(last: &Option<Last>, queue: &str) -> bool {
+    last.as_ref()
+        .is_some_and(|l| l.released && l.queue == queue)
 }
 
 #[cfg(test)]

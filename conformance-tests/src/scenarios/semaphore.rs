@@ -1,7 +1,7 @@
 //! Semaphores and read-write locks: the admission queue's other policies.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use distlock_api::{
@@ -299,6 +299,58 @@ pub async fn cancelled_reader_and_writer_waits_leave_nothing(d: &dyn Deployment)
     let write = w.try_write().await.expect("a writer once the readers left");
     assert!(write.release().await.expect("release"));
     entries(d, &key, 0).await;
+}
+
+/// A try answers `Busy` for holders and waiters ahead of it, never for other callers' tries
+/// that fail themselves: while a reader holds, two clients' writer tries (each `Busy`) hammer
+/// the name, and every reader's try meanwhile is granted beside the reader. (On etcd and
+/// ZooKeeper a try used to queue an entry and take it back when not admitted: a writer's,
+/// visible for a round trip or two, turned readers' tries away.)
+pub async fn a_try_loses_only_to_holders_and_waiters(d: &dyn Deployment) {
+    const READS: usize = 40;
+    let name = unique("rwlock-tries");
+    let held = rwlock(d, &name)
+        .await
+        .try_read()
+        .await
+        .expect("the first reader");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for _ in 0..2 {
+        let (w, stop) = (rwlock(d, &name).await, stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut tries = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match w.try_write().await {
+                    Err(LockError::Busy { .. }) => tries += 1,
+                    Ok(_) => panic!("a writer beside a reader"),
+                    Err(e) => panic!("a writer's try: {e:?}"),
+                }
+            }
+            tries
+        }));
+    }
+    let r = rwlock(d, &name).await;
+    let mut busy = 0;
+    for _ in 0..READS {
+        match r.try_read().await {
+            Ok(read) => assert!(read.release().await.expect("release")),
+            Err(LockError::Busy { .. }) => busy += 1,
+            Err(e) => panic!("a reader's try: {e:?}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut tried = 0;
+    for w in writers {
+        tried += w.await.expect("writer task");
+    }
+    assert!(tried > 0, "the writers never tried");
+    assert_eq!(
+        busy, 0,
+        "{busy} of {READS} reader tries were Busy beside a reader, with only writers' tries ({tried}) about"
+    );
+    assert!(held.release().await.expect("release"));
+    entries(d, &queue(RWLOCK_LOCK_PREFIX, &name), 0).await;
 }
 
 /// Permit waiters are admitted in arrival order: each permit that comes back goes to the
