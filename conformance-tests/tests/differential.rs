@@ -6,15 +6,20 @@
 //! (clients 0 and 1 read, client 2 writes); elsewhere every name is a lock.
 //!
 //! Every step is timed with margins that make it deterministic on a loaded machine: waits are
-//! short against a lease that never expires during a sequence, and a cancelled waiter is given
-//! time to leave the queue before the next step. A failing sequence is shrunk and printed as a
+//! short against a lease that never expires during a sequence, and a cancelled or timed-out
+//! waiter is given time to leave the queue before the next step. Waits of every primitive are
+//! cancelled, or run out, at random points (from before their entry is written to long after),
+//! where the name is not free to them: the steps after show whatever they left behind. A failing sequence is shrunk and printed as a
 //! ready-to-paste regression test. `DIFFERENTIAL_CASES` sets the sequences per deployment (8).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use distlock::{AcquireOptions, FencingToken, Lease, LockClient, LockError, Owner};
+use distlock::{
+    AcquireOptions, FencingToken, Lease, LockClient, LockError, Owner, RWLOCK_LOCK_PREFIX,
+    SEMAPHORE_LOCK_PREFIX,
+};
 use distlock_conformance::deployments;
 use distlock_conformance::{Deployment, Factory};
 use proptest::prelude::*;
@@ -76,6 +81,34 @@ async fn take(
     }
 }
 
+/// The queue `kind` keeps `name` in (a semaphore's and a read-write lock's are namespaced).
+fn queue_of(kind: Kind, name: &str) -> String {
+    match kind {
+        Kind::Lock => name.to_string(),
+        Kind::Semaphore => format!("{SEMAPHORE_LOCK_PREFIX}{name}"),
+        Kind::ReadWrite => format!("{RWLOCK_LOCK_PREFIX}{name}"),
+    }
+}
+
+/// After a wait that ended without a grant: no step leaves a waiter behind, so the queue must
+/// show none within a second (the wait's clean-up may run in the background). A backend
+/// without `inspect` is taken at its word.
+async fn nobody_waits(c: &LockClient, kind: Kind, name: &str) -> Result<(), String> {
+    let queue = queue_of(kind, name);
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        match c.inspect(&queue).await {
+            Ok(status) if status.waiters == 0 => return Ok(()),
+            Ok(status) if tokio::time::Instant::now() > until => {
+                return Err(format!("{} waiters left behind", status.waiters));
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(LockError::Unsupported { .. }) => return Ok(()),
+            Err(e) => return Err(format!("inspect: {e}")),
+        }
+    }
+}
+
 /// Whether `client` would wait for `name`, which holds `held` (live leases, re-entered holds
 /// counted once).
 fn blocked(
@@ -123,8 +156,20 @@ enum Op {
     Drop { client: usize, name: usize },
     /// `renew` of the client's newest lease on the name.
     Renew { client: usize, name: usize },
-    /// An acquire cancelled while it waits (only when someone else holds the name).
-    Cancel { client: usize, name: usize },
+    /// An acquire cancelled `at_ms` after it starts, from before its entry is written to long
+    /// after (only when the name is not free to the client: nothing may be left then).
+    Cancel {
+        client: usize,
+        name: usize,
+        at_ms: u64,
+    },
+    /// An acquire whose wait of `wait_ms` runs out at any point, from before its entry is
+    /// written to long after (only when the name is not free to the client).
+    Timeout {
+        client: usize,
+        name: usize,
+        wait_ms: u64,
+    },
     /// A fixed lease of the deployment's TTL taken with `try_acquire` and left to expire.
     Expire { client: usize, name: usize },
 }
@@ -139,23 +184,51 @@ impl fmt::Debug for Op {
             Op::Release { client, name } => ("Release", client, name),
             Op::Drop { client, name } => ("Drop", client, name),
             Op::Renew { client, name } => ("Renew", client, name),
-            Op::Cancel { client, name } => ("Cancel", client, name),
             Op::Expire { client, name } => ("Expire", client, name),
+            Op::Cancel {
+                client,
+                name,
+                at_ms,
+            } => {
+                return write!(
+                    f,
+                    "Op::Cancel {{ client: {client}, name: {name}, at_ms: {at_ms} }}"
+                );
+            }
+            Op::Timeout {
+                client,
+                name,
+                wait_ms,
+            } => {
+                return write!(
+                    f,
+                    "Op::Timeout {{ client: {client}, name: {name}, wait_ms: {wait_ms} }}"
+                );
+            }
         };
         write!(f, "Op::{kind} {{ client: {c}, name: {n} }}")
     }
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
-    // An expiry waits a TTL (up to 4 s): one step in 25.
-    let op = (0..25u8, 0..CLIENTS, 0..NAMES).prop_map(|(k, client, name)| match k {
+    // An expiry waits a TTL (up to 4 s): one step in 27.
+    let op = (0..27u8, 0..CLIENTS, 0..NAMES, 0..120u64).prop_map(|(k, client, name, ms)| match k {
         0..=3 => Op::TryAcquire { client, name },
         4..=7 => Op::Acquire { client, name },
         8..=10 => Op::Reenter { client, name },
         11..=14 => Op::Release { client, name },
         15..=17 => Op::Drop { client, name },
         18..=20 => Op::Renew { client, name },
-        21..=23 => Op::Cancel { client, name },
+        21..=23 => Op::Cancel {
+            client,
+            name,
+            at_ms: ms,
+        },
+        24..=25 => Op::Timeout {
+            client,
+            name,
+            wait_ms: ms + 1,
+        },
         _ => Op::Expire { client, name },
     });
     prop::collection::vec(op, 4..16)
@@ -228,7 +301,12 @@ async fn run(d: &dyn Deployment, ops: &[Op], policies: bool) -> Result<Vec<Seen>
                         Seen::Granted
                     }
                     Err(LockError::Busy { .. }) => Seen::Busy,
-                    Err(LockError::Timeout { .. }) => Seen::Timeout,
+                    Err(LockError::Timeout { .. }) => {
+                        nobody_waits(c, kind(name, policies), &names[name])
+                            .await
+                            .map_err(|e| format!("{op:?}: {e}"))?;
+                        Seen::Timeout
+                    }
                     Err(LockError::Lost { .. }) => Seen::Lost,
                     Err(e) => return Err(format!("{op:?}: {e}")),
                 }
@@ -290,7 +368,11 @@ async fn run(d: &dyn Deployment, ops: &[Op], policies: bool) -> Result<Vec<Seen>
                     Err(e) => return Err(format!("{op:?}: {e}")),
                 }
             }
-            Op::Cancel { client, name } => {
+            Op::Cancel {
+                client,
+                name,
+                at_ms,
+            } => {
                 let k = kind(name, policies);
                 if !blocked(&held, k, client, name) {
                     Seen::Nothing
@@ -300,13 +382,38 @@ async fn run(d: &dyn Deployment, ops: &[Op], policies: bool) -> Result<Vec<Seen>
                     let waiter = tokio::spawn(async move {
                         take(&c, k, client, &n, &o, Some(Duration::from_secs(30))).await
                     });
-                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    tokio::time::sleep(Duration::from_millis(at_ms)).await;
                     waiter.abort();
                     if let Ok(Ok(_)) = waiter.await {
                         return Err(format!("{op:?}: granted while held"));
                     }
-                    tokio::time::sleep(SETTLE).await;
+                    let c = &clients[client].0;
+                    nobody_waits(c, k, &names[name])
+                        .await
+                        .map_err(|e| format!("{op:?}: {e}"))?;
                     Seen::Cancelled
+                }
+            }
+            Op::Timeout {
+                client,
+                name,
+                wait_ms,
+            } => {
+                let k = kind(name, policies);
+                if !blocked(&held, k, client, name) {
+                    Seen::Nothing
+                } else {
+                    let wait = Some(Duration::from_millis(wait_ms));
+                    match take(&clients[client].0, k, client, &names[name], &opts, wait).await {
+                        Err(LockError::Timeout { .. }) => {}
+                        Ok(_) => return Err(format!("{op:?}: granted while held")),
+                        Err(e) => return Err(format!("{op:?}: {e}")),
+                    }
+                    let c = &clients[client].0;
+                    nobody_waits(c, k, &names[name])
+                        .await
+                        .map_err(|e| format!("{op:?}: {e}"))?;
+                    Seen::Timeout
                 }
             }
         };
