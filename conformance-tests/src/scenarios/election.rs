@@ -356,3 +356,85 @@ pub async fn cancelled_campaigns_leave_nothing_and_callbacks_hand_over(d: &dyn D
         "a callback's leadership was left behind"
     );
 }
+
+/// A candidate whose campaign is cancelled just as the leader resigns (so as it reaches the
+/// head) is reported, if at all, only until its entry goes: the candidate behind it is elected
+/// promptly, observers end on it with every term above the one before, and nothing of the
+/// cancelled candidate stays (the guarantee the guide states for observers).
+pub async fn a_candidate_cancelled_at_the_head_is_reported_only_until_it_goes(d: &dyn Deployment) {
+    for round in 0..4 {
+        let name = unique("election-cancel-head");
+        let queue = queue_of(&name);
+        let leader = election(d, &name)
+            .await
+            .campaign("leader")
+            .await
+            .expect("elected");
+        let mut seen = election(d, &name).await.observe();
+        assert_eq!(
+            next_leader(&mut seen, Duration::from_secs(5)).await.value,
+            "leader"
+        );
+        let cancelled = {
+            let e = election(d, &name).await;
+            tokio::spawn(async move { e.campaign("cancelled").await })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                d.artifacts(&queue).await == 2
+            })
+            .await,
+            "round {round}: the second candidate never queued"
+        );
+        let next = {
+            let e = election(d, &name).await;
+            tokio::spawn(async move { e.campaign("next").await })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                d.artifacts(&queue).await == 3
+            })
+            .await,
+            "round {round}: the third candidate never queued"
+        );
+        // The resign hands the head to the candidate being cancelled, a little later each round.
+        let resign = tokio::spawn(leader.resign());
+        sleep(Duration::from_millis(round * 2)).await;
+        cancelled.abort();
+        // A campaign that completed just before is a leadership the caller drops: it resigns.
+        drop(cancelled.await);
+        assert!(resign.await.expect("resign").expect("resign"));
+        let next = timeout(Duration::from_secs(5), next)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: a cancelled candidate held the next back"))
+            .expect("task")
+            .expect("elected");
+        let mut last = FencingToken(0);
+        let mut values = Vec::new();
+        loop {
+            let l = next_leader(&mut seen, Duration::from_secs(5)).await;
+            assert!(l.term > last, "round {round}: term {} after {last}", l.term);
+            last = l.term;
+            values.push(l.value.clone());
+            if l.value == "next" {
+                break;
+            }
+            assert_eq!(l.value, "cancelled", "round {round}: {values:?}");
+        }
+        assert_eq!(last, next.term(), "round {round}");
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                d.artifacts(&queue).await == 1
+            })
+            .await,
+            "round {round}: the cancelled candidate left its entry"
+        );
+        let now = election(d, &name).await.leader().await.expect("leader");
+        assert_eq!(
+            now.map(|l| l.value),
+            Some("next".to_string()),
+            "round {round}"
+        );
+        assert!(next.resign().await.expect("resign"));
+    }
+}
