@@ -42,6 +42,10 @@ struct Cli {
     /// chooses instead. Warnings (a lease lost, renewals failing) always show.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Serve the library's metrics for Prometheus at http://ADDR/metrics while the command
+    /// runs (e.g. 127.0.0.1:9464): acquire durations, leases held and lost, renewals.
+    #[arg(long, global = true, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     #[command(subcommand)]
     command: Command,
 }
@@ -263,6 +267,15 @@ async fn main() -> ExitCode {
         }
     };
     logs(cli.verbose);
+    if let Some(addr) = cli.metrics_addr {
+        let served = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install();
+        if let Err(e) = served {
+            eprintln!("distlock: --metrics-addr {addr}: {e}");
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    }
     let (loaded, locks) = match locks(&cli.source).await {
         Ok(l) => l,
         Err(code) => return code,

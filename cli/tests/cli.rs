@@ -986,3 +986,52 @@ async fn elected_commands_follow_each_other_with_rising_terms() {
         assert!(term(lines[2]) > term(lines[0]), "{url}: {text}");
     }
 }
+
+/// `--metrics-addr` serves the library's metrics for Prometheus while the command runs (the
+/// lease held shows); an address already in use is said, with exit 69, before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_while_the_command_runs() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let busy = taken.local_addr().expect("addr").to_string();
+    let refused = Command::new(BIN)
+        .args(["--backend", "memory://cli", "--metrics-addr", &busy])
+        .args(["run", "metered", "--", "true"])
+        .output()
+        .await
+        .expect("run");
+    assert_eq!(refused.status.code(), Some(69), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains(&busy),
+        "{refused:?}"
+    );
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let addr = free.local_addr().expect("addr").to_string();
+    drop(free);
+    let mut run = Command::new(BIN)
+        .args(["--backend", "memory://cli", "--metrics-addr", &addr])
+        .args(["run", "metered", "--", "sleep", "3"])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run");
+    let scrape = async || -> String {
+        let Ok(mut conn) = tokio::net::TcpStream::connect(&addr).await else {
+            return String::new();
+        };
+        let asked = conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await;
+        let mut body = String::new();
+        if asked.is_ok() {
+            let _ = conn.read_to_string(&mut body).await;
+        }
+        body
+    };
+    assert!(
+        eventually(Duration::from_secs(5), async || scrape()
+            .await
+            .contains("distlock_leases_held{backend=\"memory\"} 1"))
+        .await,
+        "{}",
+        scrape().await
+    );
+    assert_eq!(run.wait().await.expect("run").code(), Some(0));
+}
