@@ -1035,3 +1035,74 @@ async fn metrics_are_served_while_the_command_runs() {
     );
     assert_eq!(run.wait().await.expect("run").code(), Some(0));
 }
+
+/// Every command line of the guide's `distlock` section runs as shown (exit 0), on this run's
+/// servers in place of the guide's addresses, with `true` for the scripts, in order, with the
+/// guide's configuration example as `distlock.toml` (its servers replaced the same way). The
+/// install line is the one not run: the test runs the binary it builds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_line_of_the_guide_runs() {
+    const GUIDE: &str = include_str!("../../docs/guide.md");
+    let s = servers().await;
+    let redis = format!("127.0.0.1:{}", s.redis.port());
+    let etcd = direct(s.etcd.client_ports.clone()).join(",");
+    let block = |fence: &str, after: &str, has: &str| -> String {
+        let section = GUIDE.split(after).nth(1).expect("the section");
+        section
+            .split(fence)
+            .skip(1)
+            .filter_map(|b| b.split("```").next())
+            .find(|b| b.contains(has))
+            .expect("the block")
+            .to_string()
+    };
+    // A URL's authority (user, password, hosts) becomes this run's server.
+    let served = |url: &str| -> String {
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let at = rest.find(['/', '?']).unwrap_or(rest.len());
+        let hosts = match scheme {
+            "redis" => &redis,
+            "etcd" => &etcd,
+            other => panic!("the guide uses {other}://: give this test its server"),
+        };
+        format!("{scheme}://{hosts}{}", &rest[at..])
+    };
+    let dir = TempDir::new("cli").expect("dir");
+    let toml = block("```toml", "## Configuration reference", "[backends.");
+    let config: String = toml
+        .lines()
+        .map(|line| match line.split_once("url = \"") {
+            Some((head, rest)) => {
+                let (url, tail) = rest.split_once('"').expect("a quoted URL");
+                format!("{head}url = \"{}\"{tail}\n", served(url))
+            }
+            None => format!("{line}\n"),
+        })
+        .collect();
+    std::fs::write(dir.path().join("distlock.toml"), config).expect("toml");
+    let commands = block("```sh", "## The `distlock` command", "distlock ");
+    let mut ran = 0;
+    for line in commands.lines().filter(|l| l.starts_with("distlock ")) {
+        let mut shown = line.to_string();
+        for guide_url in line
+            .split([' ', '\''])
+            .filter(|w| w.starts_with("redis://") || w.starts_with("etcd://"))
+        {
+            shown = shown.replace(guide_url, &served(guide_url));
+        }
+        let shown = match shown.split_once(" -- ") {
+            Some((head, _script)) => format!("{head} -- true"),
+            None => shown,
+        };
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(shown.replacen("distlock ", &format!("{BIN} "), 1))
+            .current_dir(dir.path())
+            .output()
+            .await
+            .expect("sh");
+        assert_eq!(out.status.code(), Some(0), "{line}\n{out:?}");
+        ran += 1;
+    }
+    assert!(ran >= 6, "only {ran} command lines found in the guide");
+}
