@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock::{LockClient, connect};
 use distlock_conformance::deployment::{Cut, ProxyCut};
-use distlock_conformance::harness::{EtcdCluster, RedisServer, TempDir, ZkEnsemble};
+use distlock_conformance::harness::{EtcdCluster, ProxyMode, RedisServer, TempDir, ZkEnsemble};
 use tokio::process::Command;
 use tokio::time::{Instant, sleep};
 
@@ -1105,4 +1105,58 @@ async fn every_command_line_of_the_guide_runs() {
         ran += 1;
     }
     assert!(ran >= 6, "only {ran} command lines found in the guide");
+}
+
+/// Granted, started, killed: a waiter whose grant comes back too late to be valid (the release's
+/// news, its take and the answer each held up 1.8 s on its link, against a 3 s TTL) starts
+/// nothing: it exits 76 and the command never started (it used to start, to be killed at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_comes_back_lost_starts_nothing() {
+    let s = servers().await;
+    let cut = ProxyCut::to_ports([s.redis.port()]);
+    let slow_url = urls(&s, |_| cut.addrs()).remove(0);
+    let url = urls(&s, direct).remove(0);
+    let name = unique("late-grant");
+    let dir = TempDir::new("cli").expect("dir");
+    let (held, ran) = (dir.path().join("held"), dir.path().join("ran"));
+    let mut holder = distlock(&url)
+        .args(["run", "--ttl", "3s", &name, "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 1.5", held.display()))
+        .spawn()
+        .expect("holder");
+    assert!(
+        eventually(Duration::from_secs(10), async || held.exists()).await,
+        "the holder never ran"
+    );
+    let waiter = distlock(&slow_url)
+        .args(["run", "--ttl", "3s", &name, "--", "touch"])
+        .arg(&ran)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("waiter");
+    let client = LockClient::new(connect(&url).await.expect("connect"));
+    assert!(
+        eventually(Duration::from_secs(10), async || waiters(&client, &name)
+            .await
+            == 1)
+        .await,
+        "the waiter never queued"
+    );
+    cut.0
+        .iter()
+        .for_each(|p| p.set_mode(ProxyMode::Delay(Duration::from_millis(1800))));
+    assert_eq!(holder.wait().await.expect("holder").code(), Some(0));
+    let out = tokio::time::timeout(Duration::from_secs(30), waiter.wait_with_output())
+        .await
+        .expect("the waiter never ended")
+        .expect("waiter");
+    cut.restore();
+    assert!(!ran.exists(), "the command ran on a lost lease: {out:?}");
+    assert_eq!(out.status.code(), Some(76), "{out:?}");
+    // Started and killed at once, the command may not have got as far as its `touch`: what
+    // `distlock` did is on its stderr.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("before the command started"),
+        "{out:?}"
+    );
 }
