@@ -52,16 +52,19 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod client;
 mod config;
 mod election;
 mod guard;
 mod inspect;
 pub mod keys;
+mod queue;
 mod session;
 mod try_acquire;
 pub mod url;
 mod watches;
 
-pub use backend::{CAPABILITIES, EtcdBackend};
+pub use backend::CAPABILITIES;
+pub use client::EtcdBackend;
 pub use config::{EtcdOptions, EtcdTls};
 pub use etcd_client::TxnOp;

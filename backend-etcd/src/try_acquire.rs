@@ -6,7 +6,7 @@
 use distlock_api::{Admission, LockError, Result, entry_limit};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
-use crate::backend::EtcdBackend;
+use crate::client::EtcdBackend;
 
 /// How many views a try reads when keys keep coming between its read and its put; past that
 /// the name is too busy to take at once.

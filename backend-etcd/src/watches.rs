@@ -13,7 +13,7 @@ use std::time::Duration;
 use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse};
 use tokio::sync::broadcast;
 
-use crate::backend::EtcdBackend;
+use crate::client::EtcdBackend;
 
 /// How long a name's watch stays after its last wait ended, at least (it is checked every
 /// `LINGER`, so it goes between one and two of them later): a client that takes the same lock

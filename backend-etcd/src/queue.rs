@@ -1,0 +1,696 @@
+//! The admission queue: an acquire's key put, its wait for admission (the keys ahead, the
+//! name's shared watch), and its removal on every path that ends without a grant.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_api::{
+    Admission, FencingToken, Grant, GrantKey, LockError, LockName, OwnerSecret, RepeatPrior, Result,
+};
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use tokio::time::Instant;
+
+use crate::client::EtcdBackend;
+use crate::client::{RETRY_PAUSE, transient};
+use crate::keys::attempt_key;
+use crate::session::Session;
+use crate::try_acquire::Tried;
+use crate::watches::Note;
+
+/// How many times cleanup of our own key is tried before the session TTL is left to do it.
+const CLEANUP_TRIES: u32 = 3;
+
+/// How many of the keys ahead an exclusive entry reads, nearest first. With more ahead it
+/// follows the farthest of them alone (one watch of one key: a release wakes one far waiter);
+/// within it, it applies the name's shared watch ([`crate::watches`]), which only clients
+/// near the head keep open. 8: every waiter of a queue of up to 9 clients waits on its shared
+/// watch with nothing to make on its turn (8 clients, 0.5 ms RTT: 462 hand-overs/s against 359
+/// with 4), and in a long queue a waiter reaches it seven hand-overs before its turn.
+const WINDOW: usize = 8;
+
+/// What a waiter knows of the keys ahead of its own, true as of revision `at`.
+struct Ahead {
+    /// How our entry is admitted.
+    admission: Admission,
+    /// The nearest keys created before ours, nearest first, with their limits. An exclusive
+    /// entry reads at most [`WINDOW`] (it waits for them all, so a full list may be cut short:
+    /// more keys may be further ahead); any other reads them all (it counts them).
+    keys: Vec<(Vec<u8>, u32)>,
+    /// `keys` holds every key ahead of ours.
+    whole: bool,
+    /// Our own key still exists (with our create revision).
+    alive: bool,
+    /// The revision this view is true at (only events after it change it); `None` once it may
+    /// be stale (a watch ended, or the key followed went): read again before deciding.
+    at: Option<i64>,
+}
+
+impl Ahead {
+    fn new(admission: Admission, keys: Vec<(Vec<u8>, u32)>, whole: bool, at: i64) -> Self {
+        Ahead {
+            admission,
+            keys,
+            whole,
+            alive: true,
+            at: Some(at),
+        }
+    }
+
+    /// `None`: the list is whole, so every delete under the name is applied; else the one key
+    /// to follow, the farthest read.
+    fn follows(&self) -> Option<&[u8]> {
+        match self.keys.last() {
+            Some((k, _)) if !self.whole => Some(k),
+            _ => None,
+        }
+    }
+
+    /// The policy admits our entry behind the keys ahead (none left out).
+    fn admitted(&self) -> bool {
+        self.whole
+            && self
+                .admission
+                .admitted(self.keys.iter().map(|(_, limit)| *limit))
+    }
+
+    /// Nothing left to wait for: our key is gone, or it is admitted.
+    fn done(&self) -> bool {
+        !self.alive || self.admitted()
+    }
+
+    /// Applies the deletes that come after this view; a key not in the list was behind ours
+    /// (the list is whole) and changes nothing.
+    fn apply(&mut self, deletes: &[(Vec<u8>, i64)], ours: &[u8]) {
+        for (key, _) in deletes
+            .iter()
+            .filter(|(_, rev)| self.at.is_none_or(|at| *rev > at))
+        {
+            if key == ours {
+                self.alive = false;
+            } else if let Some(i) = self.keys.iter().position(|(k, _)| k == key) {
+                self.keys.remove(i);
+            }
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// Puts our attempt key; returns our create revision and what is ahead of it. The read of
+    /// the keys ahead rides in the same txn, unless `prior` says to leave it out (a repeat
+    /// acquire, see [`RepeatGrant`]): then a revision gap of 2 grants with no read, and any other
+    /// gap reads after the put.
+    async fn enqueue(
+        &self,
+        prefix: &str,
+        key: &str,
+        lease: i64,
+        entry: &str,
+        admission: Admission,
+        prior: Option<RepeatPrior>,
+    ) -> Result<(i64, Ahead)> {
+        let alone = prior.as_ref().is_some_and(RepeatPrior::send_alone);
+        // Our fresh key, then (unless sent alone) its nearest predecessors.
+        let mut ops = vec![TxnOp::put(
+            key,
+            entry,
+            Some(PutOptions::new().with_lease(lease)),
+        )];
+        if !alone {
+            ops.push(TxnOp::get(prefix, Some(keys_ahead(admission, None))));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then(ops)
+            // A retry whose first try was applied (reply lost) finds our own key here.
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self.txn(txn).await?;
+        let at = resp.header().map(|h| h.revision()).unwrap_or_default();
+        if resp.succeeded() {
+            if prior
+                .as_ref()
+                .is_some_and(|p| self.inner.repeat.proves_alone(p, at))
+            {
+                return Ok((at, Ahead::new(admission, Vec::new(), true, at)));
+            }
+            if alone {
+                return Ok((at, self.read_ahead(prefix, key, at, admission).await?));
+            }
+        }
+        let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().last() else {
+            return Err(self.err_text("the enqueue txn answered without its read"));
+        };
+        if resp.succeeded() {
+            let keys: Vec<_> = got
+                .kvs()
+                .iter()
+                .filter(|kv| kv.create_revision() < at)
+                .map(limited)
+                .take(window(admission))
+                .collect();
+            // Nothing is behind a key just put: the count less ours is what is ahead.
+            let whole = usize::try_from(got.count()).unwrap_or(0) <= keys.len() + 1;
+            return Ok((at, Ahead::new(admission, keys, whole, at)));
+        }
+        match got.kvs().first() {
+            Some(kv) if kv.value() == entry.as_bytes() => {
+                let my_rev = kv.create_revision();
+                Ok((
+                    my_rev,
+                    self.read_ahead(prefix, key, my_rev, admission).await?,
+                ))
+            }
+            _ => Err(LockError::backend(
+                self.inner.endpoints.clone(),
+                false,
+                format!("attempt key {key} exists and is not ours"),
+            )),
+        }
+    }
+
+    /// Reads what is ahead of our key (created at `my_rev`) now, and whether it still exists.
+    async fn read_ahead(
+        &self,
+        prefix: &str,
+        key: &str,
+        my_rev: i64,
+        admission: Admission,
+    ) -> Result<Ahead> {
+        let nearest = keys_ahead(admission, Some(my_rev));
+        let read = Txn::new().and_then([
+            TxnOp::get(prefix, Some(nearest)),
+            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+        ]);
+        let resp = self.txn(read).await?;
+        let at = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (Some(preds), Some(ours)) = (gets.next(), gets.next()) else {
+            return Err(self.err_text("a read txn answered without its reads"));
+        };
+        let keys: Vec<_> = preds.kvs().iter().map(limited).collect();
+        // `more`: the limit cut the keys ahead short (etcd's count is of the whole name).
+        let mut ahead = Ahead::new(admission, keys, !preds.more(), at);
+        ahead.alive = ours
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == my_rev);
+        Ok(ahead)
+    }
+
+    /// Waits until the policy admits our key (`key`, created at `my_rev`; for an exclusive entry:
+    /// until no key of `prefix` created before it is left), and returns whether our key and our
+    /// session are still alive then (etcd #11456: never grant a lock whose waiter's lease died
+    /// while it waited).
+    ///
+    /// Only events after the revision a view was read at change it, and a watch reports every
+    /// delete after it is in place, in order. Within [`WINDOW`] of the head the waiter applies
+    /// the name's delete events (the client's shared watch) to its view and is granted on the
+    /// event that empties it, with no read after it (committed history: the same facts a
+    /// linearizable read would return, and our own key's delete would have come first). Further
+    /// back it follows the farthest key it read alone, and reads again once it goes. A view
+    /// older than the watch it waits on is read again once the watch is in place.
+    async fn wait_turn(
+        &self,
+        prefix: &str,
+        key: &str,
+        my_rev: i64,
+        mut ahead: Ahead,
+        session: &Session,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let session_lost = session.lost_signal();
+        let timeout = || LockError::Timeout {
+            name: String::new(),
+            waited: Duration::ZERO,
+        };
+        let mut refused = false;
+        loop {
+            if ahead.at.is_some() && ahead.done() {
+                return Ok(ahead.alive && !session.is_lost());
+            }
+            // A watch refused or broken by the member (no leader, connection reset) is made
+            // again after a pause, until the deadline: the member may recover or the client
+            // reach another one.
+            if std::mem::take(&mut refused) {
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                    _ = tokio::time::sleep_until(deadline) => return Err(timeout()),
+                }
+            }
+            let waited = tokio::select! {
+                w = self.follow(prefix, key, my_rev, &mut ahead) => w,
+                _ = session_lost.wait() => {
+                    return Err(self.err_text("the session lease died while waiting"));
+                }
+                _ = tokio::time::sleep_until(deadline) => return Err(timeout()),
+            };
+            if !waited? {
+                ahead.at = None;
+                refused = true;
+            }
+        }
+    }
+
+    /// One watch's worth of [`EtcdBackend::wait_turn`]: returns `Ok(true)` when `ahead` is to be
+    /// decided on (done, or stale: read again), `Ok(false)` when the watch was refused or ended.
+    async fn follow(
+        &self,
+        prefix: &str,
+        key: &str,
+        my_rev: i64,
+        ahead: &mut Ahead,
+    ) -> Result<bool> {
+        // A stale view is read on the shared watch: the read decides how far back it is.
+        if let Some(far) = ahead.at.and(ahead.follows()).map(<[u8]>::to_vec) {
+            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+            let mut watch = self
+                .call(&self.inner.watch, |mut c| {
+                    let (k, o) = (far.clone(), options.clone());
+                    async move { c.watch(k, Some(o)).await }
+                })
+                .await?;
+            let mut proving = true;
+            loop {
+                match watch.message().await {
+                    Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => return Ok(false),
+                    // The first creation is proven by a read at its revision (see
+                    // [`crate::watches`]); the key's second watch, made when it is not, covers
+                    // the same key: nothing to read.
+                    Ok(Some(w)) if w.created() && std::mem::take(&mut proving) => {
+                        let from = w.header().map_or(i64::MAX, |h| h.revision());
+                        *ahead = self
+                            .read_ahead(prefix, key, my_rev, ahead.admission)
+                            .await?;
+                        if ahead.follows() != Some(far.as_slice()) || ahead.done() {
+                            return Ok(true);
+                        }
+                        // Best effort: the first watch alone is complete, only maybe late.
+                        if ahead.at != Some(from) {
+                            let _ = watch.watch(far.clone(), Some(options.clone())).await;
+                        }
+                    }
+                    // The followed key went: read what is left.
+                    Ok(Some(w))
+                        if w.events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete) =>
+                    {
+                        ahead.at = None;
+                        return Ok(true);
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => return Ok(false),
+                    Err(e) if transient(&e) => return Ok(false),
+                    Err(e) => return Err(self.err(e)),
+                }
+            }
+        }
+        let mut watch = self.inner.watches.subscribe(self, prefix);
+        let Some(live) = watch.live().await else {
+            return Ok(false);
+        };
+        loop {
+            // What came before the watch is read now; what comes after arrives as events.
+            if ahead.at.is_none_or(|at| at < live) {
+                *ahead = self
+                    .read_ahead(prefix, key, my_rev, ahead.admission)
+                    .await?;
+            }
+            if ahead.done() || ahead.follows().is_some() {
+                return Ok(true);
+            }
+            match watch.next().await.as_deref() {
+                Some(Note::Deletes(d)) => ahead.apply(d, key.as_bytes()),
+                _ => return Ok(false),
+            }
+        }
+    }
+
+    /// [`EtcdBackend::queue_once`] on the client's session. A wait whose session died under it
+    /// (a stall longer than the session TTL) queues again on a new session, at the back of the
+    /// queue, for as long as its deadline allows, and rides out a server that cannot make one
+    /// yet the same way; a try is one attempt.
+    pub(crate) async fn acquire_inner(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        deadline: Option<Instant>,
+        value: Option<&str>,
+    ) -> Result<Grant> {
+        let started = Instant::now();
+        let time_left = || deadline.is_some_and(|d| Instant::now() < d);
+        let mut riding_out = false;
+        loop {
+            let session = match self.session().await {
+                Ok(s) => s,
+                Err(e) if riding_out && e.is_retryable() && time_left() => {
+                    tracing::debug!(lock = %name, error = %e, "distlock etcd: no new session yet");
+                    self.pause_until(deadline).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match self
+                .queue_once(name, admission, deadline, value, &session, started)
+                .await
+            {
+                Err(e)
+                    if session.is_lost()
+                        && e.is_retryable()
+                        && !matches!(e, LockError::Timeout { .. })
+                        && time_left() =>
+                {
+                    tracing::warn!(lock = %name, error = %e, "distlock etcd: the session died while waiting; queueing again on a new one");
+                    riding_out = true;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Sleeps [`RETRY_PAUSE`], or until `deadline` if sooner.
+    async fn pause_until(&self, deadline: Option<Instant>) {
+        let pause = Instant::now() + RETRY_PAUSE;
+        tokio::time::sleep_until(deadline.map_or(pause, |d| d.min(pause))).await;
+    }
+
+    /// Enqueues an attempt key whose value is the secret with its limit
+    /// ([`Admission::entry_suffix`]), or with `value` the secret and that announced value
+    /// ([`distlock_api::announced_entry`]), on `session`, and waits until `admission` admits it;
+    /// a try (no `deadline`) puts its key only if admitted at once (see `try_acquire.rs`).
+    async fn queue_once(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        deadline: Option<Instant>,
+        value: Option<&str>,
+        session: &Arc<Session>,
+        started: Instant,
+    ) -> Result<Grant> {
+        let session = session.clone();
+        let prefix = self.name_prefix(name);
+        let secret = OwnerSecret::random()?;
+        let own = format!("{}{}", secret.expose_hex(), admission.entry_suffix());
+        let entry = match value {
+            Some(v) => distlock_api::announced_entry(&own, v),
+            None => own,
+        };
+        let slot = session.take_slot(&prefix, &entry);
+        let key = attempt_key(&self.inner.options.prefix, name, session.lease, slot);
+        let mut queued = QueuedKey {
+            backend: self.clone(),
+            session: session.clone(),
+            prefix: prefix.clone(),
+            slot,
+            key: Some(key.clone()),
+            entry: entry.clone(),
+            unsure: false,
+        };
+        // The put is polled right here (a task of its own cost ~30 us of thread hops per
+        // acquire on 2 cores); if the caller gives up while it is in flight, `InFlight` moves it
+        // into a task that finishes it before the armed key is dropped and deleted (see there).
+        let (this, k, lease) = (self.clone(), key.clone(), session.lease);
+        let Some(deadline) = deadline else {
+            let shown = name.to_string();
+            let put = InFlight::new(async move {
+                let tried = this
+                    .try_enqueue(&shown, &queued.prefix, &k, lease, &queued.entry, admission)
+                    .await;
+                queued.unsure = tried.is_err();
+                (queued, tried)
+            });
+            let (queued, tried) = put
+                .finish()
+                .await
+                .ok_or_else(|| self.err_text("the try ended without an answer"))?;
+            return match tried {
+                Ok(Tried::Put(my_rev)) => {
+                    Ok(self.granted(queued, &secret, name, admission, my_rev))
+                }
+                Ok(Tried::Refused(e)) => {
+                    queued.unused();
+                    Err(e)
+                }
+                Err(e) => {
+                    queued.remove().await;
+                    Err(e)
+                }
+            };
+        };
+        // The repeat grant's proof holds for an exclusive entry only (one admitted with nothing
+        // ahead); a shared one could have been admitted beside holders still there.
+        let prior = if admission == Admission::Exclusive {
+            self.inner.repeat.take(&prefix)
+        } else {
+            None
+        };
+        let put = InFlight::new(async move {
+            let enqueued = this
+                .enqueue(&queued.prefix, &k, lease, &queued.entry, admission, prior)
+                .await;
+            queued.unsure = enqueued.is_err();
+            (queued, enqueued)
+        });
+        let (queued, enqueued) = put
+            .finish()
+            .await
+            .ok_or_else(|| self.err_text("the enqueue ended without an answer"))?;
+        let (my_rev, ahead) = enqueued?;
+        if let Err(e) = admission.check_ahead(name.as_str(), ahead.keys.iter().map(|(_, l)| *l)) {
+            queued.remove().await;
+            return Err(e);
+        }
+        if !ahead.admitted() {
+            let waited = self
+                .wait_turn(&prefix, &key, my_rev, ahead, &session, deadline)
+                .await;
+            let outcome = match waited {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(self.err_text("our queue key or session died while waiting")),
+                Err(LockError::Timeout { .. }) => Err(LockError::Timeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                }),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = outcome {
+                // A dead session's keys go with its lease on the server: the delete is left to
+                // the background (bounded retries) rather than waited for through a link that
+                // may still be down, so a wait that rides out the stall queues again at once.
+                if session.is_lost() {
+                    drop(queued);
+                } else {
+                    queued.remove().await;
+                }
+                return Err(e);
+            }
+        }
+        Ok(self.granted(queued, &secret, name, admission, my_rev))
+    }
+
+    /// The grant of our queued key, admitted at `my_rev` (its fencing token): no longer ours to
+    /// delete on drop.
+    fn granted(
+        &self,
+        mut queued: QueuedKey,
+        secret: &OwnerSecret,
+        name: &LockName,
+        admission: Admission,
+        my_rev: i64,
+    ) -> Grant {
+        let key = queued.key.take().unwrap_or_default();
+        if admission == Admission::Exclusive {
+            self.inner.repeat.granted(&queued.prefix, &key, my_rev);
+        }
+        Grant {
+            key: GrantKey {
+                name: name.clone(),
+                resource: key,
+                secret: secret.clone(),
+            },
+            token: Some(FencingToken(my_rev as u64)),
+            ttl: queued.session.ttl,
+            sent_at: queued.session.refreshed(),
+            session: Some(queued.session.lost_signal()),
+        }
+    }
+}
+
+/// Our attempt key while we are not (yet) its holder: dropped armed (try-acquire lost, timeout,
+/// error, or the acquire future was dropped, also while [`QueuedKey::remove`] was deleting it),
+/// it deletes the key in the background, retried and bounded, and gives its slot back once the
+/// delete went through; the session TTL is the fallback (and the slot then stays taken, so the
+/// key is never reused while it may exist).
+struct QueuedKey {
+    backend: EtcdBackend,
+    session: Arc<Session>,
+    prefix: String,
+    slot: u64,
+    key: Option<String>,
+    /// The key's value (the attempt's secret, and an announced value), which the delete
+    /// compares (see [`EtcdBackend::delete_ours`]).
+    entry: String,
+    /// The put got no answer (error or timeout), so it may still land: a delete that finds
+    /// nothing looks once more after `op_timeout`.
+    unsure: bool,
+}
+
+impl QueuedKey {
+    /// The key was never put (a try refused before writing): its slot is free again.
+    fn unused(mut self) {
+        self.key = None;
+        self.session.free_slot(&self.prefix, self.slot);
+    }
+
+    /// Deletes the key now (the caller waits), so a failed acquire returns with nothing left.
+    /// The key stays armed until the delete is done: a caller dropped meanwhile leaves it to
+    /// the background.
+    async fn remove(mut self) {
+        if let Some(key) = self.key.clone() {
+            self.delete(&key).await;
+            self.key = None;
+        }
+    }
+
+    async fn delete(&self, key: &str) {
+        let mut unsure = self.unsure;
+        let mut attempt = 0;
+        while attempt < CLEANUP_TRIES {
+            match self.backend.delete_ours(key, &self.entry).await {
+                Ok(false) if unsure => {
+                    unsure = false;
+                    tokio::time::sleep(self.backend.inner.options.op_timeout).await;
+                }
+                Ok(_) => {
+                    self.session.free_slot(&self.prefix, self.slot);
+                    return;
+                }
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    attempt += 1;
+                }
+            }
+        }
+        tracing::warn!(
+            key,
+            "distlock etcd: could not delete a queue key; the session TTL will"
+        );
+    }
+}
+
+/// A write that must reach its answer even if its caller gives up: polled inline by the
+/// caller, moved into a task of its own when dropped unfinished. Used for the enqueue put, whose
+/// output carries the armed key: a cleanup delete sent while the put is still in flight could
+/// land first and let the put leave a key queued for good (seen under load); finished in a
+/// task, the put answers first and only then is the key dropped, which deletes it.
+struct InFlight<T: Send + 'static>(Option<Pin<Box<dyn Future<Output = T> + Send>>>);
+
+impl<T: Send + 'static> InFlight<T> {
+    fn new(write: impl Future<Output = T> + Send + 'static) -> Self {
+        InFlight(Some(Box::pin(write)))
+    }
+
+    /// The write's answer (`None` only if it was already taken, which `finish` never does).
+    async fn finish(mut self) -> Option<T> {
+        let answer = self.0.as_mut()?.as_mut().await;
+        self.0 = None;
+        Some(answer)
+    }
+}
+
+impl<T: Send + 'static> Drop for InFlight<T> {
+    fn drop(&mut self) {
+        if let (Some(write), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(write);
+        }
+    }
+}
+
+impl Drop for QueuedKey {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let rest = QueuedKey {
+            backend: self.backend.clone(),
+            session: self.session.clone(),
+            prefix: std::mem::take(&mut self.prefix),
+            slot: self.slot,
+            key: None,
+            entry: std::mem::take(&mut self.entry),
+            unsure: self.unsure,
+        };
+        rt.spawn(async move { rest.delete(&key).await });
+    }
+}
+
+/// How many keys ahead an entry reads: an exclusive one the nearest [`WINDOW`]; any other
+/// counts them, so it reads them all.
+fn window(admission: Admission) -> usize {
+    match admission {
+        Admission::Exclusive => WINDOW,
+        _ => usize::MAX,
+    }
+}
+
+/// The read of the keys ahead of an entry created at `my_rev` (or, with `None`, of the newest
+/// keys, which include the entry just put): newest first. An exclusive entry reads keys only
+/// (it needs no limits); another reads their values, where the limits are.
+fn keys_ahead(admission: Admission, my_rev: Option<i64>) -> GetOptions {
+    let mut get = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend);
+    if admission == Admission::Exclusive {
+        let newest = (WINDOW + usize::from(my_rev.is_none())) as i64;
+        get = get.with_limit(newest).with_keys_only();
+    }
+    match my_rev {
+        Some(rev) => get.with_max_create_revision(rev - 1),
+        None => get,
+    }
+}
+
+/// A key and the limit its value records (1 when read keys only: an exclusive entry needs none).
+fn limited(kv: &etcd_client::KeyValue) -> (Vec<u8>, u32) {
+    (kv.key().to_vec(), distlock_api::entry_limit(kv.value()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::time::timeout;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_write_given_up_in_flight_still_reaches_its_answer() {
+        let answered = Arc::new(AtomicBool::new(false));
+        let flag = answered.clone();
+        let write = InFlight::new(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            flag.store(true, Ordering::SeqCst);
+        });
+        // The caller gives up while the write is in flight...
+        assert!(
+            timeout(Duration::from_millis(10), write.finish())
+                .await
+                .is_err()
+        );
+        // ...and the write goes on in a task of its own (its deadline is the earlier timer).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(answered.load(Ordering::SeqCst), "the write was dropped");
+    }
+
+    #[tokio::test]
+    async fn a_write_waited_for_answers_inline() {
+        assert_eq!(InFlight::new(async { 7 }).finish().await, Some(7));
+    }
+}
