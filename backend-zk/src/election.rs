@@ -11,7 +11,7 @@ use futures_util::stream::BoxStream;
 use zookeeper_client::{Error as ZkError, OneshotWatcher};
 
 use crate::ZkBackend;
-use crate::backend::is_zk;
+use crate::client::is_zk;
 use crate::inspect::head_of;
 use crate::paths::{lock_dir, owned_by};
 

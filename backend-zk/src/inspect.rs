@@ -8,8 +8,9 @@ use distlock_api::{
 use zookeeper_client::Error as ZkError;
 
 use crate::ZkBackend;
-use crate::backend::{in_order, is_zk};
+use crate::client::is_zk;
 use crate::paths::{lock_dir, node_limit};
+use crate::queue::in_order;
 use crate::session::Epoch;
 
 impl ZkBackend {

@@ -38,14 +38,17 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod client;
 mod config;
 mod election;
 mod guard;
 mod inspect;
 pub mod paths;
+mod queue;
 mod session;
 mod try_acquire;
 pub mod url;
 
-pub use backend::{CAPABILITIES, ZkBackend};
+pub use backend::CAPABILITIES;
+pub use client::ZkBackend;
 pub use config::{NodeAcl, OnDisconnect, ZkOptions};

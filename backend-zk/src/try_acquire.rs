@@ -11,7 +11,7 @@
 use distlock_api::{Admission, LockError, LockName, Result};
 use zookeeper_client::Error as ZkError;
 
-use crate::backend::{ZkBackend, is_zk};
+use crate::client::{ZkBackend, is_zk};
 use crate::paths::{node_limit, sequence};
 use crate::session::Epoch;
 

@@ -1,0 +1,522 @@
+//! The admission queue: our sequential node's create (with the listing sent behind it), the
+//! wait for admission (watches on the nodes ahead), and the node's removal on every path that
+//! ends without a grant.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_api::{
+    Admission, FencingToken, Grant, GrantKey, LockError, LockName, OwnerSecret, Result,
+};
+use futures_util::future::OptionFuture;
+use tokio::time::Instant;
+use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType, Stat};
+
+use crate::client::{ZkBackend, is_local_timeout, is_zk};
+use crate::paths::{node_limit, node_prefix, owned_by, queue_order, sequence};
+use crate::session::Epoch;
+
+/// How many times cleanup of our own node is tried before the session is left to remove it.
+const CLEANUP_TRIES: u32 = 3;
+/// How many times a create is retried when its container parent vanished meanwhile.
+const CREATE_TRIES: u32 = 5;
+
+impl ZkBackend {
+    /// Creates our ephemeral sequential node; returns its path, its Stat (czxid) and the queue
+    /// as it stood just after the create. The listing is sent right behind the create without
+    /// waiting (requests of one session run in order, so it sees our node): an uncontended
+    /// acquire costs one round trip, not two. A repeat acquire on an idle ensemble may skip the
+    /// listing (see [`RepeatGrant`]). After a connection loss during create, finds the node by
+    /// its protected prefix *and* our session id before creating another. The node's data is
+    /// the secret, or with `value` the secret and that announced value
+    /// ([`distlock_api::announced_entry`]).
+    async fn create_node(
+        &self,
+        epoch: &Epoch,
+        dir: &str,
+        secret: &OwnerSecret,
+        value: Option<&str>,
+        admission: Admission,
+    ) -> Result<(String, Stat, Option<Vec<String>>)> {
+        let prefix = node_prefix(dir, secret, admission);
+        let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
+        let data = match value {
+            Some(v) => distlock_api::announced_entry(&secret.expose_hex(), v),
+            None => secret.expose_hex(),
+        };
+        // The repeat grant's proof holds for an exclusive entry only (one admitted with nothing
+        // ahead); a shared one could have been admitted beside holders still there.
+        let prior = if admission == Admission::Exclusive {
+            self.inner.repeat.take(dir)
+        } else {
+            None
+        };
+        for _ in 0..CREATE_TRIES {
+            let create = epoch.client.create(&prefix, data.as_bytes(), &mode);
+            let (created, listed) = if prior.as_ref().is_some_and(|p| p.send_alone()) {
+                (self.call(create).await, None)
+            } else {
+                let list = epoch.client.list_children(dir);
+                let (created, listed) = tokio::join!(self.call(create), self.call(list));
+                (created, listed.ok())
+            };
+            match created {
+                Ok((stat, seq)) => {
+                    let path = format!("{prefix}{seq}");
+                    let listed = match &prior {
+                        Some(p) if self.inner.repeat.proves_alone(p, stat.czxid) => {
+                            path.rsplit('/').next().map(|node| vec![node.to_string()])
+                        }
+                        _ => listed.map(|children| in_order(children, &path)),
+                    };
+                    return Ok((path, stat, listed));
+                }
+                Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => {
+                    self.ensure_dir(&epoch.client, dir).await?
+                }
+                Err(e)
+                    if is_zk(&e, |z| matches!(z, ZkError::ConnectionLoss))
+                        || is_local_timeout(&e) =>
+                {
+                    if let Some((path, stat)) = self.find_own_node(epoch, dir, secret).await? {
+                        return Ok((path, stat, None));
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LockError::backend(
+            self.label(),
+            true,
+            format!("{dir} kept vanishing while creating our node"),
+        ))
+    }
+
+    async fn find_own_node(
+        &self,
+        epoch: &Epoch,
+        dir: &str,
+        secret: &OwnerSecret,
+    ) -> Result<Option<(String, Stat)>> {
+        let children = match self.call(epoch.client.list_children(dir)).await {
+            Ok(c) => c,
+            Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for child in children.iter().filter(|c| owned_by(c, secret)) {
+            let path = format!("{dir}/{child}");
+            if let Some(stat) = self.call(epoch.client.check_stat(&path)).await?
+                && stat.ephemeral_owner == epoch.session_id()
+            {
+                return Ok(Some((path, stat)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The queue of `dir` in creation order as seen from our node `path`, as node names.
+    async fn queue(&self, client: &Client, dir: &str, path: &str) -> Result<Vec<String>> {
+        Ok(in_order(self.call(client.list_children(dir)).await?, path))
+    }
+
+    /// Proves our node `path` alive now, through the ensemble's leader: a `sync` (which a
+    /// follower cut off from the leader cannot complete, and the leader refuses for an expired
+    /// session), then a read of the node, sent right behind it (one round trip). Returns the
+    /// send time, from which the session counts at least its timeout again.
+    async fn prove_alive(&self, epoch: &Epoch, path: &str) -> Result<Instant> {
+        let sent = Instant::now();
+        let (synced, stat) = tokio::join!(
+            self.call(epoch.client.sync(path)),
+            self.call(epoch.client.check_stat(path))
+        );
+        synced?;
+        match stat? {
+            Some(stat) if stat.ephemeral_owner == epoch.session_id() => Ok(sent),
+            _ => Err(LockError::backend(
+                self.label(),
+                true,
+                "our queue node vanished (session lost?)",
+            )),
+        }
+    }
+
+    /// Creates our queue node, recording `admission`'s limit in its name, and waits until the
+    /// policy admits it (a try, without `deadline`).
+    pub(crate) async fn acquire_inner(
+        &self,
+        name: &LockName,
+        admission: Admission,
+        deadline: Option<Instant>,
+        value: Option<&str>,
+    ) -> Result<Grant> {
+        let started = Instant::now();
+        let epoch = self.epoch().await?;
+        let dir = self.lock_dir(name);
+        // A try writes nothing where it is not admitted (see `try_acquire.rs`).
+        if deadline.is_none()
+            && !(admission == Admission::Exclusive && self.inner.repeat.released_in(&dir))
+        {
+            self.admits_now(&epoch, &dir, name, admission).await?;
+        }
+        let secret = OwnerSecret::random()?;
+        let sent = Instant::now();
+        // Armed before the create is sent: if this future is dropped mid-create, the cleanup
+        // finds the node by its protected prefix (requests of one session run in order, so the
+        // lookup sees a create sent before it).
+        let mut queued = QueuedNode {
+            backend: self.clone(),
+            epoch: epoch.clone(),
+            dir: dir.clone(),
+            secret: secret.clone(),
+            path: None,
+            armed: true,
+        };
+        let created = self
+            .create_node(&epoch, &dir, &secret, value, admission)
+            .await;
+        let (path, stat, listed) = match created {
+            Ok(c) => c,
+            Err(e) => {
+                queued.remove().await;
+                return Err(e);
+            }
+        };
+        queued.path = Some(path.clone());
+        let outcome = self
+            .wait_turn(
+                Turn {
+                    epoch: &epoch,
+                    dir: &dir,
+                    path: &path,
+                    name,
+                    admission,
+                },
+                listed,
+                sent,
+                deadline,
+            )
+            .await;
+        // The session counts its timeout from the last request of ours it answered. After a
+        // long wait that may be far back (a waiter that waited longer than the session timeout
+        // would get a lease already lost): prove the node alive again, through the leader.
+        let session = epoch.client.session_timeout();
+        let outcome = match outcome {
+            Ok(confirmed) if confirmed + session / 3 < Instant::now() => {
+                self.prove_alive(&epoch, &path).await
+            }
+            other => other,
+        };
+        let sent = match outcome {
+            Ok(confirmed) => confirmed,
+            Err(LockError::Timeout { .. }) => {
+                queued.remove().await;
+                return Err(LockError::Timeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                });
+            }
+            Err(LockError::Busy { .. }) => {
+                queued.remove().await;
+                return Err(LockError::Busy {
+                    name: name.to_string(),
+                });
+            }
+            Err(e) => {
+                queued.remove().await;
+                return Err(e);
+            }
+        };
+        queued.armed = false;
+        if admission == Admission::Exclusive {
+            self.inner.repeat.granted(&dir, &path, stat.czxid);
+        }
+        self.inner
+            .granted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path.clone(), epoch.session_id());
+        Ok(Grant {
+            key: GrantKey {
+                name: name.clone(),
+                resource: path,
+                secret,
+            },
+            token: Some(FencingToken(stat.czxid as u64)),
+            ttl: session,
+            sent_at: sent,
+            session: Some(epoch.lost_signal()),
+        })
+    }
+
+    /// Waits until the policy admits our node. An exclusive node (a lock's, a writer's) waits
+    /// to be the lowest, watching the next lower node and the one below it, never more (no herd:
+    /// a delete wakes at most two waiters; the first time, `listed` may already hold the queue,
+    /// read by the create sent at `sent`). A watched node's delete that leaves at most one node
+    /// ahead in our view goes on without listing ([`without`]); any other event lists again.
+    /// Any other node counts the nodes ahead and their limits, so any delete ahead can
+    /// admit it: it watches the directory's children and lists again at each change. Before
+    /// success, checks our epoch is still alive (while it is, our ephemeral node is there).
+    /// Returns the send time of the last request whose answer showed our session alive (a
+    /// listing with our node, or the check on our predecessor).
+    async fn wait_turn(
+        &self,
+        turn: Turn<'_>,
+        mut listed: Option<Vec<String>>,
+        sent: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Instant> {
+        let Turn {
+            epoch,
+            dir,
+            path,
+            name,
+            admission,
+        } = turn;
+        let ours = path.rsplit('/').next().unwrap_or_default().to_string();
+        let lost = epoch.lost_signal();
+        let mut confirmed = sent;
+        let mut checked = false;
+        loop {
+            let queue = match listed.take() {
+                Some(q) => q,
+                None => {
+                    let asked = Instant::now();
+                    let q = self.queue(&epoch.client, dir, path).await?;
+                    if q.contains(&ours) {
+                        confirmed = asked;
+                    }
+                    q
+                }
+            };
+            let Some(pos) = queue.iter().position(|c| *c == ours) else {
+                return Err(LockError::backend(
+                    self.label(),
+                    true,
+                    "our queue node vanished (session lost?)",
+                ));
+            };
+            let ahead = || queue[..pos].iter().map(|n| node_limit(n));
+            if !std::mem::replace(&mut checked, true) {
+                admission.check_ahead(name.as_str(), ahead())?;
+            }
+            if admission.admitted(ahead()) {
+                if !epoch.is_live() {
+                    return Err(LockError::backend(
+                        self.label(),
+                        true,
+                        "the session epoch ended while waiting",
+                    ));
+                }
+                return Ok(confirmed);
+            }
+            let Some(deadline) = deadline else {
+                return Err(LockError::Busy {
+                    name: String::new(),
+                });
+            };
+            let asked = Instant::now();
+            let (watcher, far) = if admission == Admission::Exclusive {
+                // Two or more back, the node two ahead is watched too: in a queue served in
+                // order it goes first, and its delete leaves us next in line, so our own turn
+                // comes on our predecessor's delete event alone, with no listing in between.
+                let far_at = pos.checked_sub(2);
+                let watch = |i: usize| {
+                    self.call(
+                        epoch
+                            .client
+                            .check_and_watch_stat(&format!("{dir}/{}", queue[i])),
+                    )
+                };
+                let (near, far) =
+                    tokio::join!(watch(pos - 1), OptionFuture::from(far_at.map(watch)));
+                let (near_stat, watcher) = near?;
+                let mut gone = Vec::new();
+                if near_stat.is_none() {
+                    gone.push(pos - 1);
+                }
+                let far = match (far.transpose()?, far_at) {
+                    (Some((None, _)), Some(i)) => {
+                        gone.push(i);
+                        None
+                    }
+                    (Some((Some(_), w)), _) => Some(w),
+                    _ => None,
+                };
+                if !gone.is_empty() {
+                    confirmed = asked;
+                    listed = without(&queue, pos, &gone);
+                    continue;
+                }
+                (watcher, far)
+            } else {
+                let (children, watcher) =
+                    self.call(epoch.client.list_and_watch_children(dir)).await?;
+                let now = in_order(children, path);
+                if now.contains(&ours) {
+                    confirmed = asked;
+                }
+                if now != queue {
+                    listed = Some(now);
+                    continue;
+                }
+                (watcher, None)
+            };
+            confirmed = asked;
+            let far_changed = async {
+                match far {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // A delete of a watched node ahead drops it from our view (see [`without`]); any
+            // other event lists again.
+            tokio::select! {
+                event = far_changed => {
+                    if event.event_type == EventType::NodeDeleted {
+                        listed = without(&queue, pos, &[pos - 2]);
+                    }
+                }
+                event = watcher.changed() => {
+                    if admission == Admission::Exclusive && event.event_type == EventType::NodeDeleted {
+                        listed = without(&queue, pos, &[pos - 1]);
+                    }
+                }
+                _ = lost.wait() => {
+                    return Err(LockError::backend(self.label(), true, "the session epoch ended while waiting"));
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(LockError::Timeout { name: String::new(), waited: Duration::ZERO });
+                }
+            }
+        }
+    }
+}
+
+/// Our view of the queue `queue` (we at `pos`) without the nodes at `gone`, seen deleted, if
+/// that leaves at most one node ahead of us; else `None`, to list again. Our listing was read
+/// after our create and sequence numbers only grow, so nobody can have joined ahead of us since:
+/// the nodes ahead are always some of those the listing shows ahead, and a node seen gone can be
+/// dropped. With nothing left ahead we head the queue, granted without listing again (a hand-over
+/// to the next in line costs only the release's delete; Curator's recipe re-lists); with one
+/// left, it is the one to watch. Deeper, the nodes ahead in our listing are likely gone by now,
+/// and a fresh listing is cheaper than checking them one by one.
+fn without(queue: &[String], pos: usize, gone: &[usize]) -> Option<Vec<String>> {
+    (pos.saturating_sub(gone.len()) <= 1).then(|| {
+        queue
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !gone.contains(i))
+            .map(|(_, n)| n.clone())
+            .collect()
+    })
+}
+
+/// Whose turn [`ZkBackend::wait_turn`] waits for: our node `path` in `dir`, admitted by
+/// `admission`, on `epoch`'s session.
+struct Turn<'a> {
+    epoch: &'a Epoch,
+    dir: &'a str,
+    path: &'a str,
+    name: &'a LockName,
+    admission: Admission,
+}
+
+/// Queue nodes (ours and others', not foreign children) in creation order, as seen from our own
+/// node `path` (see [`queue_order`]: the sequence suffix wraps).
+pub(crate) fn in_order(children: Vec<String>, path: &str) -> Vec<String> {
+    let reference = path
+        .rsplit('/')
+        .next()
+        .and_then(sequence)
+        .unwrap_or_default();
+    let mut queue: Vec<(u32, String)> = children
+        .into_iter()
+        .filter_map(|c| Some((queue_order(sequence(&c)?, reference), c)))
+        .collect();
+    queue.sort_unstable_by_key(|(key, _)| *key);
+    queue.into_iter().map(|(_, c)| c).collect()
+}
+
+/// Our queue node while we do not hold the lock: deleted inline on busy / timeout / error, and
+/// in the background (retried, bounded) if the acquire future is dropped, even mid-create; the
+/// session is the fallback.
+struct QueuedNode {
+    backend: ZkBackend,
+    epoch: Arc<Epoch>,
+    dir: String,
+    secret: OwnerSecret,
+    path: Option<String>,
+    armed: bool,
+}
+
+impl QueuedNode {
+    /// Deletes our node now (the caller waits). It stays armed until the delete is done: a
+    /// caller dropped meanwhile leaves it to the background.
+    async fn remove(mut self) {
+        cleanup(
+            &self.backend,
+            &self.epoch,
+            &self.dir,
+            &self.secret,
+            self.path.clone(),
+        )
+        .await;
+        self.armed = false;
+    }
+}
+
+/// Deletes our node: `path` if the create returned, else whatever our session created with our
+/// protected prefix.
+async fn cleanup(
+    backend: &ZkBackend,
+    epoch: &Epoch,
+    dir: &str,
+    secret: &OwnerSecret,
+    path: Option<String>,
+) {
+    for attempt in 0..CLEANUP_TRIES {
+        let target = match &path {
+            Some(p) => Ok(Some(p.clone())),
+            None => backend
+                .find_own_node(epoch, dir, secret)
+                .await
+                .map(|f| f.map(|(p, _)| p)),
+        };
+        let done = match target {
+            Ok(None) => true,
+            Ok(Some(p)) => match backend.call(epoch.client.delete(&p, None)).await {
+                Ok(()) => true,
+                Err(e) => is_zk(&e, |z| matches!(z, ZkError::NoNode)),
+            },
+            Err(_) => false,
+        };
+        if done {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+    }
+    tracing::warn!(
+        dir,
+        "distlock zookeeper: could not delete a queue node; the session will"
+    );
+}
+
+impl Drop for QueuedNode {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, epoch, dir, secret, path) = (
+            self.backend.clone(),
+            self.epoch.clone(),
+            self.dir.clone(),
+            self.secret.clone(),
+            self.path.take(),
+        );
+        rt.spawn(async move { cleanup(&backend, &epoch, &dir, &secret, path).await });
+    }
+}
