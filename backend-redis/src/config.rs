@@ -77,16 +77,9 @@ pub enum RedisTopology {
 
 impl std::fmt::Debug for RedisTopology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let hide = |urls: &[String]| {
-            urls.iter()
-                .map(|u| crate::backend::redact(u))
-                .collect::<Vec<_>>()
-        };
+        let hide = |urls: &[String]| urls.iter().map(|u| redact(u)).collect::<Vec<_>>();
         match self {
-            RedisTopology::Single(url) => f
-                .debug_tuple("Single")
-                .field(&crate::backend::redact(url))
-                .finish(),
+            RedisTopology::Single(url) => f.debug_tuple("Single").field(&redact(url)).finish(),
             RedisTopology::Cluster(nodes) => f.debug_tuple("Cluster").field(&hide(nodes)).finish(),
             RedisTopology::Sentinel {
                 sentinels,
@@ -135,5 +128,27 @@ impl Default for RedlockOptions {
             retry_count: None,
             connect_timeout: Duration::from_secs(2),
         }
+    }
+}
+
+/// Hides the password of a URL before it goes into an error message.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://<redacted>@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_error_messages() {
+        assert_eq!(
+            redact("redis://user:hunter2@h:6379/0"),
+            "redis://<redacted>@h:6379/0"
+        );
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
     }
 }

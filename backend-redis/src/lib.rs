@@ -53,16 +53,20 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod client;
 mod config;
 mod conn;
 mod election;
 mod inspect;
 pub mod keys;
 mod notify;
+mod queue;
 pub mod redlock;
+mod release;
 pub mod scripts;
 pub mod url;
 
-pub use backend::{CAPABILITIES, RedisBackend};
+pub use backend::CAPABILITIES;
+pub use client::RedisBackend;
 pub use config::{RedisOptions, RedisTls, RedisTopology, RedlockOptions};
 pub use redlock::{REDLOCK_CAPABILITIES, RedlockBackend};

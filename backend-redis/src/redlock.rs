@@ -50,12 +50,12 @@ use futures_util::future::{join_all, select_all};
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::backend::{
-    Ask, Attempt, QueueGuard, RedisBackend, Sent, Tell, WAITER_TTL, queue_member,
-};
+use crate::client::RedisBackend;
 use crate::config::{RedisOptions, RedlockOptions};
 use crate::keys::{LockKeys, slot};
 use crate::notify::Subscription;
+use crate::queue::{Ask, Attempt, QueueGuard, WAITER_TTL, queue_member};
+use crate::release::{Sent, Tell};
 
 /// What Redlock declares: efficiency grade, no fencing token, not FIFO (waiters queue on the
 /// name's arbiter, but a newcomer's first round can win before the head), client-side
