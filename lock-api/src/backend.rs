@@ -8,12 +8,12 @@ use futures_util::stream::BoxStream;
 use tokio::time::Instant;
 
 use crate::admission::Admission;
-use crate::election::Leader;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::Capabilities;
+use crate::leader::Leader;
 use crate::name::LockName;
-use crate::owner::OwnerSecret;
+use crate::secret::OwnerSecret;
 use crate::signal::LostSignal;
 
 /// What a backend needs to renew or release one grant.

@@ -21,6 +21,7 @@ use crate::deadline::{FOREVER, deadline_in};
 use crate::error::{LockError, LostReason, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::Fencing;
+use crate::leader::Leader;
 use crate::lease::Lease;
 use crate::name::LockName;
 use crate::options::AcquireOptions;
@@ -62,17 +63,6 @@ pub fn entry_written_by(entry: &[u8], secret_hex: &str) -> bool {
 pub fn announced_value(entry: &[u8]) -> Option<String> {
     let at = entry.iter().position(|b| *b == b':')?;
     String::from_utf8(entry[at + 1..].to_vec()).ok()
-}
-
-/// The leader of an election as observers read it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Leader {
-    /// The leader's term: its lease's fencing token. Strictly increasing across the leaders of one
-    /// election wherever the backend's tokens are ([`Fencing::ClusterWide`]: etcd, ZooKeeper,
-    /// memory; Redis while the server keeps its data). Two leaders never share a term.
-    pub term: FencingToken,
-    /// What the leader announced (at its campaign, or at its last [`Leadership::proclaim`]).
-    pub value: String,
 }
 
 /// One named election over a [`LockClient`]'s backend, with the lease options its campaigns

@@ -54,7 +54,9 @@ mod election;
 mod error;
 mod fencing;
 mod guarantee;
+mod leader;
 mod lease;
+mod margins;
 pub mod memory;
 pub mod metrics;
 mod name;
@@ -62,6 +64,7 @@ mod options;
 mod owner;
 mod repeat;
 mod run;
+mod secret;
 mod semaphore;
 mod signal;
 pub mod url;
@@ -73,8 +76,8 @@ pub use backend::{
 };
 pub use client::LockClient;
 pub use election::{
-    ELECTION_LOCK_PREFIX, Election, Leader, Leadership, MAX_VALUE_BYTES, announced_entry,
-    announced_value, entry_written_by,
+    ELECTION_LOCK_PREFIX, Election, Leadership, MAX_VALUE_BYTES, announced_entry, announced_value,
+    entry_written_by,
 };
 pub use error::{LockError, LostReason, Result, shown};
 pub use fencing::{Fence, FencingToken, StaleToken};
@@ -82,11 +85,14 @@ pub use fencing::{Fence, FencingToken, StaleToken};
 /// `futures` dependency of their own.
 pub use futures_util::{Stream, StreamExt, stream::BoxStream};
 pub use guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
+pub use leader::Leader;
 pub use lease::Lease;
+pub use margins::{LeaseMode, Margins};
 pub use name::{HASHED_PREFIX_LEN, LockName, MAX_ENCODED_LEN, MAX_NAME_BYTES};
-pub use options::{AcquireOptions, LeaseMode, Margins};
-pub use owner::{Owner, OwnerSecret};
+pub use options::AcquireOptions;
+pub use owner::Owner;
 pub use repeat::{RepeatGrant, RepeatPrior};
 pub use run::{Held, Ran};
+pub use secret::OwnerSecret;
 pub use semaphore::{RWLOCK_LOCK_PREFIX, RwLock, SEMAPHORE_LOCK_PREFIX, Semaphore};
 pub use signal::{LostSignal, LostTrigger, lost_signal};

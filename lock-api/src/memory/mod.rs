@@ -26,12 +26,12 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::admission::Admission;
 use crate::backend::{Grant, GrantKey, HolderStatus, LockBackend, LockStatus, Renewal};
-use crate::election::Leader;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
+use crate::leader::Leader;
 use crate::name::LockName;
-use crate::owner::OwnerSecret;
+use crate::secret::OwnerSecret;
 use store::{Handoff, State, Waiter};
 
 /// The shared lock state many [`MemoryBackend`] clients talk to. Clones share it.

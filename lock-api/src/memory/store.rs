@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::admission::Admission;
 use crate::error::Result;
-use crate::owner::OwnerSecret;
+use crate::secret::OwnerSecret;
 
 /// A grant as the store hands it to a waiter: the token and when the TTL started.
 pub(super) type Handoff = (u64, Instant);
