@@ -1,0 +1,264 @@
+//! The wait: a waiter queues on the name's arbiter node, holds its place there while its rounds
+//! run, and is woken by releases (the arbiter's turn message, the others' announcements, a
+//! spread back-off).
+
+use std::time::Duration;
+
+use distlock_api::{LockName, OwnerSecret, Result};
+use futures_util::future::{join_all, select_all};
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::keys::LockKeys;
+use crate::notify::Subscription;
+use crate::queue::{Ask, Attempt, WAITER_TTL};
+
+use super::vote::{RoundGuard, Tally};
+use super::{RedlockBackend, Waking, timed_out, validity};
+
+/// How far apart, per listening waiter, the waiters an announcement wakes together (while the
+/// arbiter is silent) start their next round. Too close and they split the votes; too far and
+/// the earliest starts late. On 3 local masters, 8 clients on one name made 1 200-1 400
+/// hand-overs/s with the wake-ups spread over 5 ms and ~380/s over 50 ms.
+const SPREAD_PER_WAITER: Duration = Duration::from_micros(700);
+
+/// How many more times a waiter holding the arbiter asks the nodes that refused: enough for a
+/// release sent to every node at once to have landed everywhere (3 local masters on 2 cores),
+/// few enough that a real holder of those nodes costs ~1 ms.
+const ARBITER_HOLD_RETRIES: usize = 3;
+/// The pause before each of those asks: a few round trips, short against any lock's TTL.
+const ARBITER_HOLD_PAUSE: Duration = Duration::from_micros(300);
+
+impl RedlockBackend {
+    /// A waiter's round through the name's arbiter, which keeps the waiters' queue: the arbiter
+    /// first (joining the queue or keeping our place) and the others only once it granted, so
+    /// waiters that retry together do not split the votes; or, `told` our turn by the arbiter,
+    /// every node at once (the other waiters wait for their turn, so only a newcomer competes).
+    /// The flag says whether the arbiter answered; when it did not, the other nodes decide this
+    /// round without it (its attempt guard is releasing whatever it may have set, and a `SET` of
+    /// ours sent there now could land before that release and be deleted by it).
+    pub(super) async fn queued_round(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        ttl: Duration,
+        told: bool,
+    ) -> (Result<(bool, Instant)>, bool) {
+        let start = Instant::now();
+        let guard = RoundGuard::arm(self, keys, secret);
+        let outcome = self
+            .queued_round_inner(keys, secret, ttl, told, start)
+            .await;
+        guard.disarm();
+        outcome
+    }
+
+    pub(super) async fn queued_round_inner(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        ttl: Duration,
+        told: bool,
+        start: Instant,
+    ) -> (Result<(bool, Instant)>, bool) {
+        let arbiter = self.arbiter_of(keys);
+        let queue = Ask::Arbiter {
+            waiter_ttl: self.waiter_ttl(),
+        };
+        let ask_arbiter = self.nodes[arbiter].attempt(keys, secret, ttl, queue);
+        let (answer, others) = if told {
+            let others = self.ask(keys, secret, ttl, self.others(arbiter));
+            let (answer, others) = tokio::join!(ask_arbiter, others);
+            (answer, Some(others))
+        } else {
+            (ask_arbiter.await, None)
+        };
+        match answer {
+            // Held (told our turn: by a newcomer) or promised to a waiter ahead of us: whatever
+            // the others granted goes back, waking nobody (we keep our place; the holder's
+            // release tells the head). (A limit mismatch needs a permit: Redlock asks none.)
+            Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. }) => match others {
+                Some(t) if t.granted + t.silent.len() > 0 => (
+                    self.refused(keys, secret, start, &t.silent, Waking::Nobody)
+                        .await,
+                    true,
+                ),
+                _ => (Ok((false, start)), true),
+            },
+            Ok(Attempt::Granted(_)) => (
+                self.hold_arbiter(keys, secret, ttl, start, arbiter, others)
+                    .await,
+                true,
+            ),
+            Err(_) => {
+                let rest = match others {
+                    Some(tally) => self.decide(keys, secret, ttl, start, tally).await,
+                    None => self.vote(keys, secret, ttl, start, Some(arbiter)).await,
+                };
+                (rest, false)
+            }
+        }
+    }
+
+    /// With the arbiter granted: asks the others (unless `first` holds their answers already),
+    /// and asks the ones that refused again, a few times and briefly, while holding it. The
+    /// release that woke us was told by the arbiter alone, so the others may not have processed
+    /// their part of it yet; no other waiter can win the arbiter meanwhile, and a newcomer that
+    /// took a majority without it wins as it should (we then release everything).
+    pub(super) async fn hold_arbiter(
+        &self,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        ttl: Duration,
+        start: Instant,
+        arbiter: usize,
+        first: Option<Tally>,
+    ) -> Result<(bool, Instant)> {
+        let mut granted = 1;
+        let mut silent = Vec::new();
+        let mut ask: Vec<usize> = self.others(arbiter).collect();
+        let mut answered = first;
+        for round in 0..=ARBITER_HOLD_RETRIES {
+            let tally = match answered.take() {
+                Some(tally) => tally,
+                None => {
+                    if round > 0 {
+                        tokio::time::sleep(ARBITER_HOLD_PAUSE).await;
+                    }
+                    self.ask(keys, secret, ttl, ask.iter().copied()).await
+                }
+            };
+            granted += tally.granted;
+            silent.extend(tally.silent);
+            let valid = validity(ttl, start.elapsed(), self.options.drift_factor).is_some();
+            if granted >= self.quorum() && valid {
+                return Ok((true, start));
+            }
+            ask = tally.refused;
+            if !valid || ask.is_empty() || granted + ask.len() < self.quorum() {
+                break;
+            }
+        }
+        // Still refused by nodes another owner holds: that owner's release will tell the
+        // arbiter's queue, at whose head we stay; telling it now would only wake us again
+        // while that owner holds.
+        let waking = if ask.is_empty() {
+            Waking::Attempt
+        } else {
+            Waking::Nobody
+        };
+        self.refused(keys, secret, start, &silent, waking).await
+    }
+
+    /// Every node but `arbiter`.
+    pub(super) fn others(&self, arbiter: usize) -> impl Iterator<Item = usize> + use<> {
+        (0..self.nodes.len()).filter(move |i| *i != arbiter)
+    }
+
+    /// How long the arbiter keeps a waiter in its queue without hearing from it: a waiter asks
+    /// again at least every `retry_delay.1`, so it keeps its place unless it crashed.
+    pub(super) fn waiter_ttl(&self) -> Duration {
+        WAITER_TTL.max(self.options.retry_delay.1.saturating_mul(2))
+    }
+
+    /// How far apart the waiters woken by one announcement start: [`SPREAD_PER_WAITER`] per
+    /// listener on the first node other than the arbiter that answers (the arbiter announces
+    /// nothing), within 1 ms and `max` (the retry delay's minimum, also what is used when no
+    /// node answers).
+    pub(super) async fn wake_spread(&self, keys: &LockKeys, max: Duration) -> Duration {
+        for i in self.others(self.arbiter_of(keys)) {
+            if let Ok(listeners) = self.nodes[i].listeners(keys).await {
+                let per =
+                    SPREAD_PER_WAITER.saturating_mul(u32::try_from(listeners).unwrap_or(u32::MAX));
+                return per.clamp(Duration::from_millis(1).min(max), max);
+            }
+        }
+        max
+    }
+
+    /// An acquire's rounds after a refused first one, until one grants (its start returned),
+    /// the deadline or `retry_count`. Between rounds the waiter sits in the arbiter's queue until
+    /// told its turn there (or, while the arbiter is silent, a release is announced by the
+    /// others), asking again at the latest after the random retry delay.
+    pub(super) async fn wait(
+        &self,
+        name: &LockName,
+        keys: &LockKeys,
+        secret: &OwnerSecret,
+        ttl: Duration,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<Instant> {
+        // The first round counts (see `acquire`).
+        let mut rounds = 1;
+        let arbiter = self.arbiter_of(keys);
+        // Subscribed before the next round (at once) joins the queue, so a turn told since the
+        // first round is kept. A node that cannot subscribe just does not wake us.
+        let (turn, announced) = tokio::join!(
+            self.nodes[arbiter].subscribe_turn(keys, secret),
+            join_all(
+                self.others(arbiter)
+                    .map(|i| self.nodes[i].subscribe_releases(keys))
+            ),
+        );
+        let mut turn = turn.ok();
+        let mut subs: Vec<Subscription> = announced.into_iter().filter_map(Result::ok).collect();
+        let mut arbiter_answers = true;
+        let mut told = false;
+        // Learned at the first announcement, which only comes while the arbiter is silent.
+        let mut spread = None;
+        loop {
+            // What was told or announced before this round is answered by it.
+            for s in turn.iter_mut().chain(subs.iter_mut()) {
+                s.mark_seen();
+            }
+            let outcome = if arbiter_answers {
+                let (outcome, answered) = self.queued_round(keys, secret, ttl, told).await;
+                arbiter_answers = answered;
+                outcome
+            } else {
+                self.round(keys, secret, ttl).await
+            };
+            if let (true, start) = outcome? {
+                return Ok(start);
+            }
+            rounds += 1;
+            if self.out_of_time(rounds, deadline) {
+                return Err(timed_out(name, started));
+            }
+            let (lo, hi) = self.options.retry_delay;
+            let pause = rand::rng().random_range(lo..=hi);
+            let my_turn = async {
+                match turn.as_mut() {
+                    Some(t) => t.released().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let released = async {
+                if subs.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                select_all(subs.iter_mut().map(|s| Box::pin(s.released()))).await;
+            };
+            told = false;
+            tokio::select! {
+                _ = my_turn => told = true,
+                _ = released => {
+                    // Every waiter heard it: spread their starts, so fewer split the votes.
+                    let spread = match spread {
+                        Some(s) => s,
+                        None => *spread.insert(self.wake_spread(keys, lo).await),
+                    };
+                    let jitter = rand::rng().random_range(Duration::ZERO..=spread);
+                    tokio::time::sleep_until((Instant::now() + jitter).min(deadline)).await;
+                }
+                _ = tokio::time::sleep_until((Instant::now() + pause).min(deadline)) => {}
+            }
+        }
+    }
+
+    /// Whether an acquire that made `rounds` rounds stops: past its deadline or `retry_count`.
+    pub(super) fn out_of_time(&self, rounds: u32, deadline: Instant) -> bool {
+        Instant::now() >= deadline || self.options.retry_count.is_some_and(|n| rounds >= n.max(1))
+    }
+}
