@@ -62,6 +62,7 @@ mod queue;
 mod session;
 mod try_acquire;
 pub mod url;
+mod wait;
 mod watches;
 
 pub use backend::CAPABILITIES;

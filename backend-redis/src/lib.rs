@@ -65,6 +65,7 @@ pub mod redlock;
 mod release;
 pub mod scripts;
 pub mod url;
+mod wait;
 
 pub use backend::CAPABILITIES;
 pub use client::RedisBackend;

@@ -9,8 +9,8 @@ use zookeeper_client::Error as ZkError;
 
 use crate::ZkBackend;
 use crate::client::is_zk;
+use crate::paths::in_order;
 use crate::paths::{lock_dir, node_limit};
-use crate::queue::in_order;
 use crate::session::Epoch;
 
 impl ZkBackend {

@@ -48,6 +48,7 @@ mod queue;
 mod session;
 mod try_acquire;
 pub mod url;
+mod wait;
 
 pub use backend::CAPABILITIES;
 pub use client::ZkBackend;

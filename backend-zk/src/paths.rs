@@ -82,6 +82,22 @@ pub fn queue_order(seq: i32, reference: i32) -> u32 {
         .wrapping_add(1 << 30)
 }
 
+/// Queue nodes (ours and others', not foreign children) in creation order, as seen from our own
+/// node `path` (see [`queue_order`]: the sequence suffix wraps).
+pub(crate) fn in_order(children: Vec<String>, path: &str) -> Vec<String> {
+    let reference = path
+        .rsplit('/')
+        .next()
+        .and_then(sequence)
+        .unwrap_or_default();
+    let mut queue: Vec<(u32, String)> = children
+        .into_iter()
+        .filter_map(|c| Some((queue_order(sequence(&c)?, reference), c)))
+        .collect();
+    queue.sort_unstable_by_key(|(key, _)| *key);
+    queue.into_iter().map(|(_, c)| c).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,13 +8,14 @@ use std::time::Duration;
 use distlock_api::{
     Admission, FencingToken, Grant, GrantKey, LockError, LockName, OwnerSecret, Result,
 };
-use futures_util::future::OptionFuture;
 use tokio::time::Instant;
-use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType, Stat};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use crate::client::{ZkBackend, is_local_timeout, is_zk};
-use crate::paths::{node_limit, node_prefix, owned_by, queue_order, sequence};
+use crate::paths::in_order;
+use crate::paths::{node_prefix, owned_by};
 use crate::session::Epoch;
+use crate::wait::Turn;
 
 /// How many times cleanup of our own node is tried before the session is left to remove it.
 const CLEANUP_TRIES: u32 = 3;
@@ -116,7 +117,12 @@ impl ZkBackend {
     }
 
     /// The queue of `dir` in creation order as seen from our node `path`, as node names.
-    async fn queue(&self, client: &Client, dir: &str, path: &str) -> Result<Vec<String>> {
+    pub(crate) async fn queue(
+        &self,
+        client: &Client,
+        dir: &str,
+        path: &str,
+    ) -> Result<Vec<String>> {
         Ok(in_order(self.call(client.list_children(dir)).await?, path))
     }
 
@@ -248,194 +254,6 @@ impl ZkBackend {
             session: Some(epoch.lost_signal()),
         })
     }
-
-    /// Waits until the policy admits our node. An exclusive node (a lock's, a writer's) waits
-    /// to be the lowest, watching the next lower node and the one below it, never more (no herd:
-    /// a delete wakes at most two waiters; the first time, `listed` may already hold the queue,
-    /// read by the create sent at `sent`). A watched node's delete that leaves at most one node
-    /// ahead in our view goes on without listing ([`without`]); any other event lists again.
-    /// Any other node counts the nodes ahead and their limits, so any delete ahead can
-    /// admit it: it watches the directory's children and lists again at each change. Before
-    /// success, checks our epoch is still alive (while it is, our ephemeral node is there).
-    /// Returns the send time of the last request whose answer showed our session alive (a
-    /// listing with our node, or the check on our predecessor).
-    async fn wait_turn(
-        &self,
-        turn: Turn<'_>,
-        mut listed: Option<Vec<String>>,
-        sent: Instant,
-        deadline: Option<Instant>,
-    ) -> Result<Instant> {
-        let Turn {
-            epoch,
-            dir,
-            path,
-            name,
-            admission,
-        } = turn;
-        let ours = path.rsplit('/').next().unwrap_or_default().to_string();
-        let lost = epoch.lost_signal();
-        let mut confirmed = sent;
-        let mut checked = false;
-        loop {
-            let queue = match listed.take() {
-                Some(q) => q,
-                None => {
-                    let asked = Instant::now();
-                    let q = self.queue(&epoch.client, dir, path).await?;
-                    if q.contains(&ours) {
-                        confirmed = asked;
-                    }
-                    q
-                }
-            };
-            let Some(pos) = queue.iter().position(|c| *c == ours) else {
-                return Err(LockError::backend(
-                    self.label(),
-                    true,
-                    "our queue node vanished (session lost?)",
-                ));
-            };
-            let ahead = || queue[..pos].iter().map(|n| node_limit(n));
-            if !std::mem::replace(&mut checked, true) {
-                admission.check_ahead(name.as_str(), ahead())?;
-            }
-            if admission.admitted(ahead()) {
-                if !epoch.is_live() {
-                    return Err(LockError::backend(
-                        self.label(),
-                        true,
-                        "the session epoch ended while waiting",
-                    ));
-                }
-                return Ok(confirmed);
-            }
-            let Some(deadline) = deadline else {
-                return Err(LockError::Busy {
-                    name: String::new(),
-                });
-            };
-            let asked = Instant::now();
-            let (watcher, far) = if admission == Admission::Exclusive {
-                // Two or more back, the node two ahead is watched too: in a queue served in
-                // order it goes first, and its delete leaves us next in line, so our own turn
-                // comes on our predecessor's delete event alone, with no listing in between.
-                let far_at = pos.checked_sub(2);
-                let watch = |i: usize| {
-                    self.call(
-                        epoch
-                            .client
-                            .check_and_watch_stat(&format!("{dir}/{}", queue[i])),
-                    )
-                };
-                let (near, far) =
-                    tokio::join!(watch(pos - 1), OptionFuture::from(far_at.map(watch)));
-                let (near_stat, watcher) = near?;
-                let mut gone = Vec::new();
-                if near_stat.is_none() {
-                    gone.push(pos - 1);
-                }
-                let far = match (far.transpose()?, far_at) {
-                    (Some((None, _)), Some(i)) => {
-                        gone.push(i);
-                        None
-                    }
-                    (Some((Some(_), w)), _) => Some(w),
-                    _ => None,
-                };
-                if !gone.is_empty() {
-                    confirmed = asked;
-                    listed = without(&queue, pos, &gone);
-                    continue;
-                }
-                (watcher, far)
-            } else {
-                let (children, watcher) =
-                    self.call(epoch.client.list_and_watch_children(dir)).await?;
-                let now = in_order(children, path);
-                if now.contains(&ours) {
-                    confirmed = asked;
-                }
-                if now != queue {
-                    listed = Some(now);
-                    continue;
-                }
-                (watcher, None)
-            };
-            confirmed = asked;
-            let far_changed = async {
-                match far {
-                    Some(w) => w.changed().await,
-                    None => std::future::pending().await,
-                }
-            };
-            // A delete of a watched node ahead drops it from our view (see [`without`]); any
-            // other event lists again.
-            tokio::select! {
-                event = far_changed => {
-                    if event.event_type == EventType::NodeDeleted {
-                        listed = without(&queue, pos, &[pos - 2]);
-                    }
-                }
-                event = watcher.changed() => {
-                    if admission == Admission::Exclusive && event.event_type == EventType::NodeDeleted {
-                        listed = without(&queue, pos, &[pos - 1]);
-                    }
-                }
-                _ = lost.wait() => {
-                    return Err(LockError::backend(self.label(), true, "the session epoch ended while waiting"));
-                }
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(LockError::Timeout { name: String::new(), waited: Duration::ZERO });
-                }
-            }
-        }
-    }
-}
-
-/// Our view of the queue `queue` (we at `pos`) without the nodes at `gone`, seen deleted, if
-/// that leaves at most one node ahead of us; else `None`, to list again. Our listing was read
-/// after our create and sequence numbers only grow, so nobody can have joined ahead of us since:
-/// the nodes ahead are always some of those the listing shows ahead, and a node seen gone can be
-/// dropped. With nothing left ahead we head the queue, granted without listing again (a hand-over
-/// to the next in line costs only the release's delete; Curator's recipe re-lists); with one
-/// left, it is the one to watch. Deeper, the nodes ahead in our listing are likely gone by now,
-/// and a fresh listing is cheaper than checking them one by one.
-fn without(queue: &[String], pos: usize, gone: &[usize]) -> Option<Vec<String>> {
-    (pos.saturating_sub(gone.len()) <= 1).then(|| {
-        queue
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !gone.contains(i))
-            .map(|(_, n)| n.clone())
-            .collect()
-    })
-}
-
-/// Whose turn [`ZkBackend::wait_turn`] waits for: our node `path` in `dir`, admitted by
-/// `admission`, on `epoch`'s session.
-struct Turn<'a> {
-    epoch: &'a Epoch,
-    dir: &'a str,
-    path: &'a str,
-    name: &'a LockName,
-    admission: Admission,
-}
-
-/// Queue nodes (ours and others', not foreign children) in creation order, as seen from our own
-/// node `path` (see [`queue_order`]: the sequence suffix wraps).
-pub(crate) fn in_order(children: Vec<String>, path: &str) -> Vec<String> {
-    let reference = path
-        .rsplit('/')
-        .next()
-        .and_then(sequence)
-        .unwrap_or_default();
-    let mut queue: Vec<(u32, String)> = children
-        .into_iter()
-        .filter_map(|c| Some((queue_order(sequence(&c)?, reference), c)))
-        .collect();
-    queue.sort_unstable_by_key(|(key, _)| *key);
-    queue.into_iter().map(|(_, c)| c).collect()
 }
 
 /// Our queue node while we do not hold the lock: deleted inline on busy / timeout / error, and

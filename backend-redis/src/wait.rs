@@ -1,0 +1,112 @@
+//! The wait for admission: a waiter's first try goes out alone; not admitted, it listens on
+//! its turn channel and re-checks when told, when the holder's TTL runs out, and every second.
+
+use std::time::Duration;
+
+use distlock_api::{Admission, Grant, LockError, LockName, OwnerSecret, Result};
+use rand::Rng;
+use tokio::time::{Instant, sleep_until};
+
+use crate::client::RedisBackend;
+use crate::notify::Subscription;
+use crate::queue::{Ask, Attempt, QueueGuard, queue_member};
+
+/// A waiter re-checks at least this often, which also keeps its place in the queue.
+const RECHECK: Duration = Duration::from_secs(1);
+
+impl RedisBackend {
+    /// The one queue: a lock's entry (`admission` `None`: [`scripts::ACQUIRE`]) or one admitted
+    /// by a policy ([`scripts::ADMIT`]). Without a deadline, one try: `Busy` unless granted,
+    /// nothing queued. Else it waits in the name's queue. The first try goes out alone (an
+    /// uncontended acquire is one script call); when it is not admitted, the waiter subscribes
+    /// to its own turn channel and tries again at once, so a release between the two is not
+    /// missed. Then it is woken only when its turn comes (a connection drop too), and re-checks
+    /// when the first holder's TTL runs out and at least every second (which keeps its place).
+    /// Leaves the queue on timeout, error or cancellation.
+    pub(crate) async fn queued(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        admission: Option<Admission>,
+    ) -> Result<Grant> {
+        let keys = self.keys(name);
+        let secret = OwnerSecret::random()?;
+        let started = Instant::now();
+        let mut released: Option<Subscription> = None;
+        let waiting = deadline.is_some();
+        let ask = match admission {
+            None => Ask::Fenced { waiting },
+            Some(admission) => Ask::Admitted { admission, waiting },
+        };
+        // A try joins nothing, so it has nothing to leave.
+        let queued =
+            waiting.then(|| QueueGuard::new(self, &keys, queue_member(&secret, admission)));
+        loop {
+            let sent = Instant::now();
+            let pttl_ms = match self.attempt(&keys, &secret, ttl, ask).await {
+                Ok(Attempt::Granted(token)) => {
+                    // The script took us out of the queue with the grant.
+                    QueueGuard::keep_if_any(queued);
+                    let resource = if ask.shared() {
+                        keys.shared().to_string()
+                    } else {
+                        keys.lock
+                    };
+                    return Ok(self.grant(name, resource, secret, token, ttl, sent));
+                }
+                Ok(Attempt::Mismatch { theirs }) => {
+                    // The script took us out of the queue.
+                    QueueGuard::keep_if_any(queued);
+                    return Err(LockError::LimitMismatch {
+                        name: name.to_string(),
+                        ours: admission.map_or(1, Admission::limit),
+                        theirs,
+                    });
+                }
+                Ok(Attempt::Busy { pttl_ms }) => pttl_ms,
+                Err(e) => {
+                    if let Some(q) = queued {
+                        q.leave().await;
+                    }
+                    return Err(e);
+                }
+            };
+            let Some(deadline) = deadline else {
+                return Err(LockError::Busy {
+                    name: name.to_string(),
+                });
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                if let Some(q) = queued {
+                    q.leave().await;
+                }
+                return Err(LockError::Timeout {
+                    name: name.to_string(),
+                    waited: now - started,
+                });
+            }
+            let Some(sub) = released.as_mut() else {
+                match self.subscribe_turn(&keys, &secret).await {
+                    Ok(sub) => released = Some(sub),
+                    Err(e) => {
+                        if let Some(q) = queued {
+                            q.leave().await;
+                        }
+                        return Err(e);
+                    }
+                }
+                continue;
+            };
+            // Negative: the lock is free but promised to the waiter ahead of us.
+            let wait =
+                u64::try_from(pttl_ms).map_or(RECHECK, |ms| Duration::from_millis(ms).min(RECHECK));
+            let jitter = Duration::from_micros(rand::rng().random_range(0..2_000));
+            tokio::select! {
+                _ = sub.released() => {}
+                _ = sleep_until((now + wait + jitter).min(deadline)) => {}
+            }
+        }
+    }
+}
