@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use distlock_api::{LockError, LockName, RepeatGrant, Result};
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, KvClient, LeaseClient,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchClient,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, Identity,
+    KvClient, LeaseClient, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchClient,
+    WatchOptions, WatchStream,
 };
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::config::EtcdOptions;
 use crate::keys::name_prefix;
 use crate::session::Session;
-use crate::watches::NameWatches;
+use crate::watches::{NameWatches, WatchSource};
 
 /// Pause between tries of a request that met an unavailable member.
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -348,4 +349,22 @@ fn etcd_error(endpoints: &str, e: etcd_client::Error) -> LockError {
         return LockError::backend(endpoints.to_string(), retryable, text);
     }
     LockError::backend(endpoints.to_string(), retryable, e)
+}
+
+impl WatchSource for EtcdBackend {
+    async fn watch(&self, prefix: String, options: WatchOptions) -> Result<WatchStream> {
+        self.call(&self.inner.watch, |mut c| {
+            let (k, o) = (prefix.clone(), options.clone());
+            async move { c.watch(k, Some(o)).await }
+        })
+        .await
+    }
+
+    async fn get(&self, prefix: String, options: GetOptions) -> Result<GetResponse> {
+        self.call(&self.inner.kv, |mut c| {
+            let (k, o) = (prefix.clone(), options.clone());
+            async move { c.get(k, Some(o)).await }
+        })
+        .await
+    }
 }

@@ -10,10 +10,28 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse};
+use distlock_api::Result;
+use etcd_client::{
+    EventType, GetOptions, GetResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+};
 use tokio::sync::broadcast;
 
-use crate::client::EtcdBackend;
+/// What a name's watch asks of the client (the backend, with its retries): kept to these two
+/// requests, so this file needs nothing of the client's.
+pub(crate) trait WatchSource: Clone + Send + Sync + 'static {
+    /// Opens a watch of `prefix` with `options`.
+    fn watch(
+        &self,
+        prefix: String,
+        options: WatchOptions,
+    ) -> impl Future<Output = Result<WatchStream>> + Send;
+    /// Reads `prefix` with `options`.
+    fn get(
+        &self,
+        prefix: String,
+        options: GetOptions,
+    ) -> impl Future<Output = Result<GetResponse>> + Send;
+}
 
 /// How long a name's watch stays after its last wait ended, at least (it is checked every
 /// `LINGER`, so it goes between one and two of them later): a client that takes the same lock
@@ -100,7 +118,7 @@ impl Subscription {
 
 impl NameWatches {
     /// Subscribes to the watch of `prefix`, starting it if the client has none.
-    pub(crate) fn subscribe(&self, backend: &EtcdBackend, prefix: &str) -> Subscription {
+    pub(crate) fn subscribe(&self, backend: &impl WatchSource, prefix: &str) -> Subscription {
         let mut hubs = self.hubs.lock().unwrap_or_else(|p| p.into_inner());
         let hub = hubs
             .entry(prefix.to_string())
@@ -137,7 +155,7 @@ impl NameWatches {
 /// wait is late only when both fell behind. A delete passed on twice changes nothing the
 /// second time: a wait removes a key once, and ignores deletes older than its view.
 async fn run(
-    backend: EtcdBackend,
+    backend: impl WatchSource,
     prefix: String,
     hub: Arc<Hub>,
     hubs: Weak<Mutex<HashMap<String, Arc<Hub>>>>,
@@ -145,12 +163,7 @@ async fn run(
     let options = WatchOptions::new()
         .with_prefix()
         .with_filters([WatchFilterType::NoPut]);
-    let opened = backend
-        .call(&backend.watch_client(), |mut c| {
-            let (k, o) = (prefix.clone(), options.clone());
-            async move { c.watch(k, Some(o)).await }
-        })
-        .await;
+    let opened = backend.watch(prefix.clone(), options.clone()).await;
     let mut backend = Some(backend);
     let mut ticks = tokio::time::interval(LINGER);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -171,12 +184,7 @@ async fn run(
                         *hub.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Live(at);
                         let _ = hub.notes.send(Arc::new(Note::Live(at)));
                         let proof = GetOptions::new().with_count_only();
-                        let read = backend
-                            .call(&backend.kv(), |mut c| {
-                                let (k, o) = (prefix.clone(), proof.clone());
-                                async move { c.get(k, Some(o)).await }
-                            })
-                            .await;
+                        let read = backend.get(prefix.clone(), proof).await;
                         let proven = read.is_ok_and(|r| r.header().is_some_and(|h| h.revision() == at));
                         // Best effort: the first watch alone is complete, only maybe late.
                         if !proven && watch.watch(prefix.clone(), Some(options.clone())).await.is_err() {
