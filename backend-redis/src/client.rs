@@ -9,7 +9,7 @@ use tokio::time::timeout;
 
 use crate::config::redact;
 use crate::config::{RedisOptions, RedisTopology};
-use crate::conn::Conn;
+use crate::conn::{Conn, Pushes};
 use crate::keys::{LockKeys, lock_keys};
 use crate::notify::{Notifier, Subscription};
 use crate::scripts::Call;
@@ -68,7 +68,12 @@ impl RedisBackend {
         let info = parse(url)?;
         let server = format!("redis {}", info.addr());
         let notifier = Arc::new(Notifier::default());
-        let conn = connecting(&server, &options, Conn::single(info, &notifier, &options)).await?;
+        let conn = connecting(
+            &server,
+            &options,
+            Conn::single(info, &pushes(&notifier), &options),
+        )
+        .await?;
         Ok(RedisBackend {
             conn,
             notifier,
@@ -102,7 +107,12 @@ impl RedisBackend {
                 .join(",")
         );
         let notifier = Arc::new(Notifier::default());
-        let conn = connecting(&server, &options, Conn::cluster(infos, &notifier, &options)).await?;
+        let conn = connecting(
+            &server,
+            &options,
+            Conn::cluster(infos, &pushes(&notifier), &options),
+        )
+        .await?;
         Ok(RedisBackend {
             conn,
             notifier,
@@ -160,7 +170,7 @@ impl RedisBackend {
         let conn = connecting(
             &server,
             &options,
-            Conn::sentinel(infos, service, node, &notifier, &options),
+            Conn::sentinel(infos, service, node, &pushes(&notifier), &options),
         )
         .await?;
         Ok(RedisBackend {
@@ -282,4 +292,9 @@ pub(crate) fn redis_error(server: &str, e: RedisError) -> LockError {
         || e.is_connection_refusal()
         || !matches!(e.retry_method(), RetryMethod::NoRetry);
     LockError::backend(server.to_string(), retryable, e)
+}
+
+/// The notifier as the connection sees it.
+fn pushes(notifier: &Arc<Notifier>) -> Arc<dyn Pushes> {
+    notifier.clone()
 }

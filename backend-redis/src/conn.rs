@@ -12,12 +12,22 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    Client, Cmd, ConnectionInfo, ErrorKind, Pipeline, ProtocolVersion, RedisFuture, RedisResult,
-    TlsCertificates, Value,
+    Client, Cmd, ConnectionInfo, ErrorKind, Pipeline, ProtocolVersion, PushInfo, RedisFuture,
+    RedisResult, TlsCertificates, Value,
 };
 
 use crate::config::{RedisOptions, RedisTls};
-use crate::notify::Notifier;
+
+/// Where a connection hands the server's pushes, and who says which channels to subscribe again
+/// on a new connection: the notifier (`notify.rs`).
+pub(crate) trait Pushes: Send + Sync + 'static {
+    /// Called for every push; must not block.
+    fn on_push(&self, push: PushInfo);
+    /// Every waiter retries now (the connection moved to another server).
+    fn wake_all(&self);
+    /// The channels someone waits on.
+    fn channels(&self) -> Vec<String>;
+}
 
 /// A connection to whichever deployment the client was built for. Cheap to clone.
 #[derive(Clone)]
@@ -31,7 +41,7 @@ pub(crate) enum Conn {
 pub(crate) struct SentinelConn {
     sentinel: tokio::sync::Mutex<SentinelClient>,
     current: Mutex<ConnectionManager>,
-    notifier: Arc<Notifier>,
+    notifier: Arc<dyn Pushes>,
     options: RedisOptions,
 }
 
@@ -65,7 +75,7 @@ fn client(info: ConnectionInfo, options: &RedisOptions) -> RedisResult<Client> {
 
 async fn manager(
     client: Client,
-    notifier: &Arc<Notifier>,
+    notifier: &Arc<dyn Pushes>,
     options: &RedisOptions,
 ) -> RedisResult<ConnectionManager> {
     let n = notifier.clone();
@@ -85,7 +95,7 @@ async fn manager(
 impl Conn {
     pub(crate) async fn single(
         info: ConnectionInfo,
-        notifier: &Arc<Notifier>,
+        notifier: &Arc<dyn Pushes>,
         options: &RedisOptions,
     ) -> RedisResult<Self> {
         Ok(Conn::Single(
@@ -95,7 +105,7 @@ impl Conn {
 
     pub(crate) async fn cluster(
         nodes: Vec<ConnectionInfo>,
-        notifier: &Arc<Notifier>,
+        notifier: &Arc<dyn Pushes>,
         options: &RedisOptions,
     ) -> RedisResult<Self> {
         let n = notifier.clone();
@@ -120,7 +130,7 @@ impl Conn {
         sentinels: Vec<ConnectionInfo>,
         service: &str,
         node: Option<ConnectionInfo>,
-        notifier: &Arc<Notifier>,
+        notifier: &Arc<dyn Pushes>,
         options: &RedisOptions,
     ) -> RedisResult<Self> {
         let mut node_info = SentinelNodeConnectionInfo::default();

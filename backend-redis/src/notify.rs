@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Pushes};
 
 struct Channel {
     /// Bumped by every message: a waiter that was busy when it came still sees the change.
@@ -30,35 +30,6 @@ pub(crate) struct Notifier {
 impl Notifier {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
         self.channels.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Called by the connection for every push; must not block.
-    pub(crate) fn on_push(&self, push: PushInfo) {
-        let channels = self.lock();
-        match push.kind {
-            PushKind::Message => {
-                if let Some(Value::BulkString(name)) = push.data.first()
-                    && let Ok(name) = std::str::from_utf8(name)
-                    && let Some(c) = channels.get(name)
-                {
-                    c.releases.send_modify(|n| *n += 1);
-                }
-            }
-            // The connection dropped: a release may have been missed, so every waiter retries now
-            // (the connection re-subscribes by itself when it comes back).
-            PushKind::Disconnection => wake(&channels),
-            _ => {}
-        }
-    }
-
-    /// Every waiter retries now (the connection moved to another server).
-    pub(crate) fn wake_all(&self) {
-        wake(&self.lock());
-    }
-
-    /// The channels someone waits on.
-    pub(crate) fn channels(&self) -> Vec<String> {
-        self.lock().keys().cloned().collect()
     }
 
     /// Joins the waiters of `channel`, and returns once the connection is subscribed to it:
@@ -100,6 +71,37 @@ impl Notifier {
             }
         }
         Ok(sub)
+    }
+}
+
+impl Pushes for Notifier {
+    /// Called by the connection for every push; must not block.
+    fn on_push(&self, push: PushInfo) {
+        let channels = self.lock();
+        match push.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(name)) = push.data.first()
+                    && let Ok(name) = std::str::from_utf8(name)
+                    && let Some(c) = channels.get(name)
+                {
+                    c.releases.send_modify(|n| *n += 1);
+                }
+            }
+            // The connection dropped: a release may have been missed, so every waiter retries now
+            // (the connection re-subscribes by itself when it comes back).
+            PushKind::Disconnection => wake(&channels),
+            _ => {}
+        }
+    }
+
+    /// Every waiter retries now (the connection moved to another server).
+    fn wake_all(&self) {
+        wake(&self.lock());
+    }
+
+    /// The channels someone waits on.
+    fn channels(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
     }
 }
 
