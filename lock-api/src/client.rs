@@ -279,7 +279,9 @@ impl LockClient {
             admission.unwrap_or(Admission::Exclusive),
         );
         if let Some(owner) = &opts.owner
-            && let Some(shared) = owner.held(&hold_key)
+            && let Some(shared) = owner
+                .held(&hold_key)
+                .and_then(|held| held.downcast::<LeaseShared>().ok())
             && let Some(lease) = reenter(shared)?
         {
             return Ok((lease, false));
@@ -350,7 +352,7 @@ impl LockClient {
         self.watchdog
             .join(member, &shared, grant.sent_at, grant.session);
         if let Some(owner) = &opts.owner {
-            owner.insert(hold_key, &shared);
+            owner.insert(hold_key, shared.clone());
         }
         Lease::new(shared)
     }

@@ -1,15 +1,19 @@
 //! Owner handles: re-entrancy.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::admission::Admission;
-use crate::lease::LeaseShared;
 use crate::name::LockName;
 
 /// A hold is per backend, name and admission: an owner's read lease is not its write lease.
 pub(crate) type HoldKey = (usize, LockName, Admission);
+
+/// A held lease's shared state, as the owner keeps it (the lease's own type, which this file
+/// need not know: the client that re-enters takes it back with a downcast).
+pub(crate) type HeldState = Arc<dyn Any + Send + Sync>;
 
 /// A re-entrancy owner. Async tasks have no thread identity, so the caller creates an `Owner`
 /// and passes it down (clones are the same owner). An acquire of a name this owner already holds
@@ -17,7 +21,7 @@ pub(crate) type HoldKey = (usize, LockName, Admission);
 /// hold count; the lock is released when every one of those leases is released or dropped.
 #[derive(Clone, Default)]
 pub struct Owner {
-    holds: Arc<Mutex<HashMap<HoldKey, Weak<LeaseShared>>>>,
+    holds: Arc<Mutex<HashMap<HoldKey, Weak<dyn Any + Send + Sync>>>>,
 }
 
 impl fmt::Debug for Owner {
@@ -33,11 +37,11 @@ impl Owner {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<HoldKey, Weak<LeaseShared>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<HoldKey, Weak<dyn Any + Send + Sync>>> {
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn held(&self, key: &HoldKey) -> Option<Arc<LeaseShared>> {
+    pub(crate) fn held(&self, key: &HoldKey) -> Option<HeldState> {
         let mut holds = self.lock();
         match holds.get(key).and_then(Weak::upgrade) {
             Some(shared) => Some(shared),
@@ -48,15 +52,15 @@ impl Owner {
         }
     }
 
-    pub(crate) fn insert(&self, key: HoldKey, shared: &Arc<LeaseShared>) {
-        self.lock().insert(key, Arc::downgrade(shared));
+    pub(crate) fn insert(&self, key: HoldKey, shared: HeldState) {
+        self.lock().insert(key, Arc::downgrade(&shared));
     }
 
-    pub(crate) fn forget(&self, key: &HoldKey, shared: &LeaseShared) {
+    pub(crate) fn forget<T>(&self, key: &HoldKey, shared: &T) {
         let mut holds = self.lock();
         if holds
             .get(key)
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), shared))
+            .is_some_and(|w| std::ptr::addr_eq(w.as_ptr(), shared))
         {
             holds.remove(key);
         }
