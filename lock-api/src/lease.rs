@@ -16,7 +16,6 @@ use crate::margins::{LeaseMode, Margins};
 use crate::name::LockName;
 use crate::owner::{HoldKey, Owner};
 use crate::signal::{LostSignal, LostTrigger};
-use crate::watchdog::Watchdog;
 
 /// The first pause before a failed release is tried again; it doubles up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(50);
@@ -24,6 +23,15 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 /// A failed release is retried for at least this long (and one renewal period, if longer)
 /// before the backend gives up what keeps the lock alive.
 const RETRY_WINDOW: Duration = Duration::from_secs(1);
+
+/// What a lease asks of the watchdog that renews it (`watchdog.rs`), which implements it: this
+/// file names no watchdog type, so the two do not import each other.
+pub(crate) trait Renewer: Send + Sync {
+    /// Stops watching a lease (released): it is never renewed again.
+    fn leave(&self, id: u64);
+    /// A manual renewal moved a lease's next renewal and deadline (earlier, too): plan again.
+    fn reschedule(&self, id: u64, due: Option<Instant>, deadline: Instant);
+}
 
 /// State shared by every guard of one grant (re-entrant acquires share it) and its watchdog.
 pub(crate) struct LeaseShared {
@@ -40,7 +48,7 @@ pub(crate) struct LeaseShared {
     pub(crate) runtime: Handle,
     pub(crate) owner: Option<(Owner, HoldKey)>,
     /// The client's watchdog, and this lease's id in it.
-    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) watchdog: Arc<dyn Renewer>,
     pub(crate) member: u64,
     pub(crate) state: Mutex<LeaseState>,
     /// The loss was logged and its background release started (once, whoever saw it first).

@@ -32,7 +32,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::backend::{GrantKey, LockBackend, Renewal};
 use crate::error::LockError;
-use crate::lease::LeaseShared;
+use crate::lease::{LeaseShared, Renewer};
 use crate::signal::LostSignal;
 
 /// The shortest pause between two failed renewal attempts.
@@ -163,27 +163,6 @@ impl Watchdog {
         }
     }
 
-    /// Stops watching a lease (released): it is never renewed again.
-    pub(crate) fn leave(&self, id: u64) {
-        self.members().map.remove(&id);
-    }
-
-    /// A manual renewal moved a lease's next renewal and deadline (earlier, too): plan again.
-    pub(crate) fn reschedule(&self, id: u64, due: Option<Instant>, deadline: Instant) {
-        let mut m = self.members();
-        let Some(member) = m.map.get_mut(&id) else {
-            return;
-        };
-        member.due = due;
-        member.deadline = deadline;
-        let wake_at = member.next_wake();
-        if m.sleeping_until.is_none_or(|t| wake_at < t) {
-            m.sleeping_until = Some(wake_at);
-            drop(m);
-            self.wake.notify_one();
-        }
-    }
-
     /// Fires the deadlines that passed, starts the renewals that are due, and says when to wake
     /// next.
     fn tick(self: &Arc<Self>) -> Option<Instant> {
@@ -261,6 +240,29 @@ impl Watchdog {
         m.sleeping_until = None;
         drop(m);
         self.wake.notify_one();
+    }
+}
+
+impl Renewer for Watchdog {
+    /// Stops watching a lease (released): it is never renewed again.
+    fn leave(&self, id: u64) {
+        self.members().map.remove(&id);
+    }
+
+    /// A manual renewal moved a lease's next renewal and deadline (earlier, too): plan again.
+    fn reschedule(&self, id: u64, due: Option<Instant>, deadline: Instant) {
+        let mut m = self.members();
+        let Some(member) = m.map.get_mut(&id) else {
+            return;
+        };
+        member.due = due;
+        member.deadline = deadline;
+        let wake_at = member.next_wake();
+        if m.sleeping_until.is_none_or(|t| wake_at < t) {
+            m.sleeping_until = Some(wake_at);
+            drop(m);
+            self.wake.notify_one();
+        }
     }
 }
 
