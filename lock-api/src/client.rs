@@ -15,7 +15,6 @@ use crate::lease::{Lease, LeaseShared, LeaseState};
 use crate::name::LockName;
 use crate::options::AcquireOptions;
 use crate::owner::HoldKey;
-use crate::run::{Held, Ran};
 use crate::signal::lost_signal;
 use crate::watchdog::Watchdog;
 
@@ -149,72 +148,6 @@ impl LockClient {
             .acquire_inner(name, opts, Some(deadline), None, None)
             .await?
             .0)
-    }
-
-    /// Takes the lock if it is free (else fails with [`LockError::Busy`] at once) and runs `f`
-    /// under it: `f` gets the fencing token and the lost signal ([`Held`]); it is dropped at its
-    /// next await if the lease is lost first; the lock is released on every path.
-    ///
-    /// # Errors
-    /// Those of [`LockClient::try_acquire`]. Once the lock is held, nothing is an error: the
-    /// outcome ([`Ran`]) says whether `f` completed, was cut short by the loss, or panicked.
-    ///
-    /// # Cancel safety
-    /// Dropping the returned future drops `f` and the lease, which is released in the
-    /// background.
-    ///
-    /// # Examples
-    /// ```
-    /// use std::sync::Arc;
-    /// use std::time::Duration;
-    /// use distlock_api::{AcquireOptions, LockClient, Ran, memory::MemoryBackend};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> distlock_api::Result<()> {
-    /// let locks = LockClient::new(Arc::new(MemoryBackend::default()));
-    /// let opts = AcquireOptions::with_ttl(Duration::from_secs(10));
-    /// let ran = locks
-    ///     .try_run("cron:nightly", &opts, |held| async move {
-    ///         // ... the work, writing with `held.fencing_token()` ...
-    ///         held.fencing_token().is_some()
-    ///     })
-    ///     .await?;
-    /// assert!(matches!(ran, Ran::Completed(true)));
-    /// # Ok(()) }
-    /// ```
-    pub async fn try_run<F, Fut, T>(
-        &self,
-        name: &str,
-        opts: &AcquireOptions,
-        f: F,
-    ) -> Result<Ran<T>>
-    where
-        F: FnOnce(Held) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let lease = self.try_acquire(name, opts).await?;
-        Ok(crate::run::under(lease, f).await)
-    }
-
-    /// Like [`LockClient::try_run`], waiting up to `timeout` for the lock.
-    ///
-    /// # Errors
-    /// Those of [`LockClient::acquire`].
-    ///
-    /// # Cancel safety
-    /// As [`LockClient::try_run`]; a caller dropped while waiting leaves nothing queued.
-    pub async fn run<F, Fut, T>(
-        &self,
-        name: &str,
-        opts: &AcquireOptions,
-        timeout: Duration,
-        f: F,
-    ) -> Result<Ran<T>>
-    where
-        F: FnOnce(Held) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let lease = self.acquire(name, opts, timeout).await?;
-        Ok(crate::run::under(lease, f).await)
     }
 
     /// The one acquire path. With `value` (an election's campaign, always waiting), the backend
