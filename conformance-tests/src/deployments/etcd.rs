@@ -111,17 +111,7 @@ impl Deployment for EtcdDeployment {
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {
-        let prefix = distlock_etcd::keys::name_prefix(&options().prefix, name);
-        let resp = self
-            .admin
-            .clone()
-            .get(
-                prefix,
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            )
-            .await
-            .expect("count keys");
-        resp.count() as usize
+        crate::leftovers::etcd(&self.admin, &options().prefix, name).await
     }
 
     async fn delete_lock(&self, name: &LockName) {

@@ -38,27 +38,10 @@ pub fn options() -> RedisOptions {
     }
 }
 
-/// The holder's key plus the queued waiters of `name`, read through any admin connection (a
-/// single server's or a cluster's).
+/// What is left of `name` on the server, read through any admin connection (a single
+/// server's or a cluster's).
 pub(crate) async fn artifacts(admin: &mut impl ConnectionLike, name: &LockName) -> usize {
-    let keys = lock_keys(&options().prefix, name);
-    let held: i64 = redis::cmd("EXISTS")
-        .arg(&keys.lock)
-        .query_async(admin)
-        .await
-        .expect("EXISTS");
-    let queued: i64 = redis::cmd("ZCARD")
-        .arg(keys.queue())
-        .query_async(admin)
-        .await
-        .expect("ZCARD");
-    // Permits and read leases (their fields expire with the hash at the latest).
-    let shared: i64 = redis::cmd("HLEN")
-        .arg(keys.shared())
-        .query_async(admin)
-        .await
-        .expect("HLEN");
-    (held + queued + shared) as usize
+    crate::leftovers::redis(admin, &options().prefix, name).await
 }
 
 /// How long the server keeps `name`'s lock key (`PTTL`), if it exists.

@@ -116,18 +116,7 @@ impl Deployment for ZkDeployment {
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {
-        let dir = distlock_zk::paths::lock_dir(&options().root, name);
-        // The admin's server may lag the leader (ZooKeeper reads are not linearizable): catch up
-        // first, so a delete another client saw acknowledged is seen here too.
-        match self.admin.sync(&options().root).await {
-            Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
-            Err(e) => panic!("sync {}: {e}", options().root),
-        }
-        match self.admin.list_children(&dir).await {
-            Ok(children) => children.len(),
-            Err(zookeeper_client::Error::NoNode) => 0,
-            Err(e) => panic!("listing {dir}: {e}"),
-        }
+        crate::leftovers::zk(&self.admin, &options().root, name).await
     }
 
     async fn delete_lock(&self, name: &LockName) {

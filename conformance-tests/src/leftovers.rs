@@ -1,0 +1,96 @@
+//! What a backend left on its servers for one lock name, counted from the raw layout (keys,
+//! hash fields, znodes), not through the backend: the suite's scenarios and the fault campaign
+//! both ask "is anything left?" here.
+
+use distlock_api::LockName;
+use redis::aio::ConnectionLike;
+
+/// The holder's key, the queued waiters and the shared holders' fields (permits, read leases)
+/// of `name` under `prefix`, through any admin connection (a single server's or a cluster's).
+/// The token counter is not counted: it outlives every lease by design.
+///
+/// # Panics
+/// When the server does not answer (a test's failure).
+pub async fn redis(admin: &mut impl ConnectionLike, prefix: &str, name: &LockName) -> usize {
+    let keys = distlock_redis::keys::lock_keys(prefix, name);
+    let held: i64 = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query_async(admin)
+        .await
+        .expect("EXISTS");
+    let queued: i64 = redis::cmd("ZCARD")
+        .arg(keys.queue())
+        .query_async(admin)
+        .await
+        .expect("ZCARD");
+    // Permits and read leases (their fields expire with the hash at the latest).
+    let shared: i64 = redis::cmd("HLEN")
+        .arg(keys.shared())
+        .query_async(admin)
+        .await
+        .expect("HLEN");
+    (held + queued + shared) as usize
+}
+
+/// The keys under `name`'s prefix (holder and waiters alike) in etcd.
+///
+/// # Panics
+/// When the cluster does not answer.
+pub async fn etcd(admin: &etcd_client::Client, prefix: &str, name: &LockName) -> usize {
+    let range = distlock_etcd::keys::name_prefix(prefix, name);
+    let resp = admin
+        .clone()
+        .get(
+            range,
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
+        )
+        .await
+        .expect("count keys");
+    resp.count() as usize
+}
+
+/// The children of `name`'s queue node under `root` in ZooKeeper, read after a `sync` (the
+/// admin's server may lag the leader: a delete acknowledged to another client is seen here too).
+///
+/// # Panics
+/// When the ensemble does not answer.
+pub async fn zk(admin: &zookeeper_client::Client, root: &str, name: &LockName) -> usize {
+    let dir = distlock_zk::paths::lock_dir(root, name);
+    match admin.sync(root).await {
+        Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+        Err(e) => panic!("sync {root}: {e}"),
+    }
+    match admin.list_children(&dir).await {
+        Ok(children) => children.len(),
+        Err(zookeeper_client::Error::NoNode) => 0,
+        Err(e) => panic!("listing {dir}: {e}"),
+    }
+}
+
+/// [`etcd`] through a client of its own to `endpoints`.
+///
+/// # Panics
+/// When the cluster does not answer.
+pub async fn etcd_at(endpoints: &[String], prefix: &str, name: &LockName) -> usize {
+    let admin = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("admin client");
+    etcd(&admin, prefix, name).await
+}
+
+/// [`zk`] through a client of its own to `connect` (`host:port,...`).
+///
+/// # Panics
+/// When the ensemble does not answer.
+pub async fn zk_at(connect: &str, root: &str, name: &LockName) -> usize {
+    let admin = zookeeper_client::Client::connector()
+        .with_session_timeout(std::time::Duration::from_secs(10))
+        .connect(connect)
+        .await
+        .expect("admin client");
+    zk(&admin, root, name).await
+}
