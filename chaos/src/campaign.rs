@@ -1,23 +1,27 @@
-//! The campaign: for each deployment and nemesis, real servers, a resource process and client
-//! processes, faults on a schedule, then the merged history through the checker.
+//! The campaign: for each workload, deployment and nemesis, real servers, a resource process and
+//! client processes, faults on a schedule, then the merged history through the checker, and what
+//! the servers still hold once every client stopped and every TTL passed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock::LockName;
 use distlock_conformance::deployment::{Cut, ProxyCut};
 use distlock_conformance::harness::{
     ClockOffset, EtcdCluster, ProxyMode, RedisMasters, RedisReplicated, RedisSentinel, RedisServer,
     ServerProcess, TempDir, ZkEnsemble,
 };
+use distlock_conformance::leftovers;
 use rand::Rng;
 
 use crate::check::{Findings, check};
 use crate::history::{self, Event, NEMESIS, Recorder};
+use crate::workload::{FIRST_OBSERVER, OBSERVERS, WORKLOADS, Workload};
 
-/// Lock clients per run.
-pub const CLIENTS: u32 = 5;
+/// The prefix (etcd, Redis) or root (ZooKeeper, with a `/`) of every run's keys.
+const PREFIX: &str = "chaos";
 
 /// Where a campaign runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,19 +104,19 @@ impl Deployment {
         let all = hosts.join(",");
         match self {
             Deployment::Redis | Deployment::RedisAof => {
-                format!("redis://{}?prefix=chaos&op_timeout=1s", hosts[0])
+                format!("redis://{}?prefix={PREFIX}&op_timeout=1s", hosts[0])
             }
             Deployment::Redlock => {
-                format!("redlock://{all}?prefix=chaos&node_timeout=200ms&retry_delay=5ms..30ms")
+                format!("redlock://{all}?prefix={PREFIX}&node_timeout=200ms&retry_delay=5ms..30ms")
             }
             Deployment::Etcd | Deployment::Etcd3 => {
-                format!("etcd://{all}/chaos?session_ttl=2s&op_timeout=1s")
+                format!("etcd://{all}/{PREFIX}?session_ttl=2s&op_timeout=1s")
             }
             Deployment::Zk | Deployment::Zk3 => {
-                format!("zk://{all}?root=/chaos&session_timeout=4s&op_timeout=1s")
+                format!("zk://{all}?root=/{PREFIX}&session_timeout=4s&op_timeout=1s")
             }
             Deployment::RedisSentinel => {
-                format!("redis+sentinel://{all}/{SERVICE}?prefix=chaos&op_timeout=1s")
+                format!("redis+sentinel://{all}/{SERVICE}?prefix={PREFIX}&op_timeout=1s")
             }
         }
     }
@@ -121,11 +125,46 @@ impl Deployment {
 /// The Sentinel's name for the master.
 const SERVICE: &str = "chaos";
 
-/// Every run of the full campaign, in order.
-pub fn plan() -> Vec<(Deployment, Nemesis)> {
-    DEPLOYMENTS
+/// One run of a campaign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// What the clients do.
+    pub workload: Workload,
+    /// Where.
+    pub deployment: Deployment,
+    /// Under which fault.
+    pub nemesis: Nemesis,
+}
+
+impl Run {
+    /// `workload/deployment/nemesis`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.workload.label(),
+            self.deployment.label(),
+            self.nemesis.label()
+        )
+    }
+}
+
+/// Every run of the full campaign, in order: each workload on each deployment that offers it,
+/// under each of that deployment's faults.
+pub fn plan() -> Vec<Run> {
+    WORKLOADS
         .iter()
-        .flat_map(|d| d.nemeses().into_iter().map(move |n| (*d, n)))
+        .flat_map(|w| {
+            DEPLOYMENTS
+                .iter()
+                .filter(|d| w.offered_on(**d))
+                .flat_map(move |d| {
+                    d.nemeses().into_iter().map(move |n| Run {
+                        workload: *w,
+                        deployment: *d,
+                        nemesis: n,
+                    })
+                })
+        })
         .collect()
 }
 
@@ -202,6 +241,8 @@ struct Servers {
     clocks: Vec<ClockOffset>,
     processes: Box<dyn Fn() -> Vec<Arc<dyn ProcessRef>> + Send + Sync>,
     leader: Box<dyn Fn() -> Option<usize> + Send + Sync>,
+    /// What the servers hold under a lock name, counted raw.
+    leftovers: Box<dyn Fn(LockName) -> BoxFuture<usize> + Send + Sync>,
     _keep: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -239,6 +280,72 @@ impl ProcessRef for Held<ZkEnsemble> {
     }
 }
 
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// Servers that can say what they hold under a name.
+trait Leftovers: Send + Sync + 'static {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize>;
+}
+
+impl Leftovers for RedisServer {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            let mut admin = self.admin().await.expect("admin connection");
+            leftovers::redis(&mut admin, PREFIX, &name).await
+        })
+    }
+}
+
+impl Leftovers for RedisMasters {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            let mut n = 0;
+            for node in &self.nodes {
+                let mut admin = node.admin().await.expect("admin connection");
+                n += leftovers::redis(&mut admin, PREFIX, &name).await;
+            }
+            n
+        })
+    }
+}
+
+impl Leftovers for (RedisReplicated, RedisSentinel) {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            // The master the Sentinel names now (the replica copies it).
+            let (pair, sentinel) = &*self;
+            let port = sentinel.master_port(SERVICE);
+            let master = [&pair.master, &pair.replica]
+                .into_iter()
+                .find(|s| Some(s.port()) == port)
+                .unwrap_or(&pair.master);
+            let mut admin = master.admin().await.expect("admin connection");
+            leftovers::redis(&mut admin, PREFIX, &name).await
+        })
+    }
+}
+
+impl Leftovers for EtcdCluster {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move { leftovers::etcd_at(&self.endpoints(), PREFIX, &name).await })
+    }
+}
+
+impl Leftovers for ZkEnsemble {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            leftovers::zk_at(&self.connect_string(), &format!("/{PREFIX}"), &name).await
+        })
+    }
+}
+
+fn leftovers_of<T: Leftovers>(
+    s: &Arc<T>,
+) -> Box<dyn Fn(LockName) -> BoxFuture<usize> + Send + Sync> {
+    let s = s.clone();
+    Box::new(move |name| s.clone().count(name))
+}
+
 fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
     fn refs<T: Send + Sync + 'static>(s: &Arc<T>, n: usize) -> Vec<Arc<dyn ProcessRef>>
     where
@@ -266,6 +373,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks,
                 processes: Box::new(move || refs(&c, 1)),
                 leader: Box::new(|| None),
+                leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
@@ -279,6 +387,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks,
                 processes: Box::new(move || refs(&c, 3)),
                 leader: Box::new(|| None),
+                leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
@@ -302,6 +411,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                         .iter()
                         .position(|s| s.port() == port)
                 }),
+                leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
@@ -321,6 +431,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 1)),
                 leader: Box::new(|| None),
+                leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
@@ -333,6 +444,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 3)),
                 leader: Box::new(|| None),
+                leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
@@ -346,6 +458,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, n)),
                 leader: Box::new(move || l.leader()),
+                leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
@@ -359,6 +472,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, n)),
                 leader: Box::new(move || l.leader()),
+                leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
@@ -411,6 +525,8 @@ struct Client {
 
 /// What one run recorded.
 pub struct RunResult {
+    /// What the clients did.
+    pub workload: Workload,
     /// The deployment.
     pub deployment: Deployment,
     /// The nemesis.
@@ -428,12 +544,13 @@ impl RunResult {
     pub fn unexpected(&self) -> usize {
         let (lease_hazard, token_hazard) = self.nemesis.expected(self.deployment);
         let f = &self.findings;
-        let mut n = 0;
+        // Nothing is ever left once every TTL passed, whatever the fault.
+        let mut n = f.leftovers;
         if !lease_hazard {
-            n += f.overlaps + f.lost_elements;
+            n += f.lease_violations();
         }
         if !token_hazard {
-            n += f.token_order_violations + f.fenced_violations;
+            n += f.token_violations();
         }
         n
     }
@@ -454,6 +571,7 @@ fn holder(dir: &Path, clients: &[(u32, Client)], wanted: impl Fn(u32) -> bool) -
                 last.map(|e| e.ev),
                 Some(
                     Event::AcquireOk { .. }
+                        | Event::Proclaim { .. }
                         | Event::WriteInvoke { .. }
                         | Event::WriteOk { .. }
                         | Event::SetAdd { .. }
@@ -472,20 +590,14 @@ fn holder(dir: &Path, clients: &[(u32, Client)], wanted: impl Fn(u32) -> bool) -
 /// lost signal is measured.
 const LONG_HOLDER: u32 = 0;
 
-fn client_args(
-    kind: Deployment,
-    nemesis: Nemesis,
-    url: &str,
-    resource: &str,
-    dir: &Path,
-    id: u32,
-) -> Vec<String> {
+fn client_args(r: Run, url: &str, resource: &str, dir: &Path, id: u32) -> Vec<String> {
+    let kind = r.deployment;
     let mut args = vec![
         "client".into(),
         "--url".into(),
         url.into(),
-        "--name".into(),
-        "chaos".into(),
+        "--workload".into(),
+        r.workload.label(),
         "--resource".into(),
         resource.into(),
         "--history".into(),
@@ -495,30 +607,24 @@ fn client_args(
         "--ttl-ms".into(),
         kind.ttl().as_millis().to_string(),
     ];
-    if matches!(nemesis, Nemesis::CutClient | Nemesis::ClockJump) && id == LONG_HOLDER {
+    if matches!(r.nemesis, Nemesis::CutClient | Nemesis::ClockJump) && id == LONG_HOLDER {
         args.extend(["--hold-ms".into(), (kind.ttl() * 3).as_millis().to_string()]);
     }
     args
 }
 
-fn start_client(
-    kind: Deployment,
-    nemesis: Nemesis,
-    servers: &Servers,
-    resource: &str,
-    dir: &Path,
-    id: u32,
-) -> Client {
+fn start_client(r: Run, servers: &Servers, resource: &str, dir: &Path, id: u32) -> Client {
     let cut = ProxyCut::to_ports(servers.ports.iter().copied());
-    let url = kind.url(&cut.addrs());
-    let args = client_args(kind, nemesis, &url, resource, dir, id);
+    let url = r.deployment.url(&cut.addrs());
+    let args = client_args(r, &url, resource, dir, id);
     let process =
         Process::spawn(&args, Stdio::null()).unwrap_or_else(|e| panic!("client {id}: {e}"));
     Client { process, cut }
 }
 
-/// Runs `nemesis` on a fresh `kind` deployment for `length`.
-pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
+/// Runs `r` on a fresh deployment for `length`.
+pub fn run(r: Run, length: Duration) -> RunResult {
+    let (kind, nemesis) = (r.deployment, r.nemesis);
     let dir = TempDir::new("chaos").unwrap_or_else(|e| panic!("temp dir: {e}"));
     let servers = start(kind, nemesis);
     let resource_history = dir.path().join("resource.jsonl");
@@ -542,15 +648,19 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
     };
     let nemesis_history = dir.path().join("nemesis.jsonl");
     let rec = Recorder::open(&nemesis_history, NEMESIS).unwrap_or_else(|e| panic!("{e}"));
-    let mut clients: Vec<(u32, Client)> = (0..CLIENTS)
-        .map(|id| {
-            (
-                id,
-                start_client(kind, nemesis, &servers, &resource_addr, dir.path(), id),
-            )
-        })
+    let start = |id| start_client(r, &servers, &resource_addr, dir.path(), id);
+    let mut clients: Vec<(u32, Client)> = (0..r.workload.clients())
+        .map(|id| (id, start(id)))
         .collect();
-    let mut next_id = CLIENTS;
+    // An election's observers: never a fault's target, so what they report is checked whole.
+    let observers: Vec<Client> = if r.workload == Workload::Election {
+        (FIRST_OBSERVER..FIRST_OBSERVER + OBSERVERS)
+            .map(start)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut next_id = r.workload.clients();
     let begin = history::now_ns();
     let until = Instant::now() + length;
     let ttl = kind.ttl();
@@ -590,10 +700,7 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
                     target,
                 });
                 clients.remove(pick);
-                clients.push((
-                    next_id,
-                    start_client(kind, nemesis, &servers, &resource_addr, dir.path(), next_id),
-                ));
+                clients.push((next_id, start(next_id)));
                 next_id += 1;
             }
             Nemesis::CutClient => {
@@ -683,6 +790,7 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
     std::thread::sleep(rest);
     let end = history::now_ns();
     drop(clients);
+    drop(observers);
     // The final set, as the resource holds it.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -695,14 +803,35 @@ pub fn run(kind: Deployment, nemesis: Nemesis, length: Duration) -> RunResult {
     });
     drop(resource);
     let mut files: Vec<PathBuf> = vec![resource_history, nemesis_history];
-    files.extend((0..next_id).map(|id| dir.path().join(format!("client-{id}.jsonl"))));
+    files.extend(
+        (0..next_id)
+            .chain(FIRST_OBSERVER..FIRST_OBSERVER + OBSERVERS)
+            .map(|id| dir.path().join(format!("client-{id}.jsonl"))),
+    );
     let history = history::read(&files);
-    let findings = check(&history, end);
+    let mut findings = check(&history, end, r.workload.shared_limit());
+    findings.leftovers = rt.block_on(left_after_ttl(&servers, r.workload, ttl));
     RunResult {
+        workload: r.workload,
         deployment: kind,
         nemesis,
         findings,
         history,
         span: (begin, end),
+    }
+}
+
+/// What the servers still hold under the workload's name once every client was killed and
+/// every TTL passed: looked at until it is nothing, for at most two TTLs (a ZooKeeper session
+/// ends on the server's next tick after its timeout).
+async fn left_after_ttl(servers: &Servers, workload: Workload, ttl: Duration) -> usize {
+    let name = LockName::new(workload.queue()).expect("the campaign's name is valid");
+    let until = tokio::time::Instant::now() + ttl * 2;
+    loop {
+        let left = (servers.leftovers)(name.clone()).await;
+        if left == 0 || tokio::time::Instant::now() >= until {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

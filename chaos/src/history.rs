@@ -31,12 +31,55 @@ pub fn now_ns() -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum Event {
-    /// A client asked for the lock.
-    AcquireInvoke,
-    /// It holds it, with this token (none on Redlock).
+    /// A client asked for the name.
+    AcquireInvoke {
+        /// For a read lease or a permit (shared with others).
+        #[serde(default, skip_serializing_if = "is_false")]
+        shared: bool,
+        /// A candidate's value.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        value: Option<String>,
+    },
+    /// It holds it, with this token (none on Redlock): a term for a leader.
     AcquireOk {
         /// The fencing token.
         token: Option<u64>,
+        /// A read lease or a permit.
+        #[serde(default, skip_serializing_if = "is_false")]
+        shared: bool,
+    },
+    /// A leader is about to proclaim a new value.
+    Proclaim {
+        /// The value.
+        value: String,
+    },
+    /// A reader saw the register change under its read lease.
+    TornRead {
+        /// The register before.
+        before: String,
+        /// And after.
+        after: String,
+    },
+    /// A permit holder registered at the resource (the resource's own record).
+    Entered {
+        /// The client.
+        client: u32,
+        /// How many were registered then, this one included.
+        inside: usize,
+    },
+    /// An observer was told of a leader.
+    Observed {
+        /// Its term.
+        term: u64,
+        /// Its value.
+        value: String,
+        /// `observe` (the stream) or `leader` (a read).
+        via: String,
+    },
+    /// An observer's stream or read failed.
+    ObserveError {
+        /// The error.
+        error: String,
     },
     /// Its acquire failed (busy, timeout, backend error).
     AcquireFail {
@@ -99,6 +142,10 @@ pub enum Event {
         /// Which nemesis.
         kind: String,
     },
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// One line of a history.

@@ -3,6 +3,8 @@
 //! ```sh
 //! cargo run --release -p distlock-chaos -- campaign --minutes 30   # the full one: docs/faults.md
 //! cargo run -p distlock-chaos -- campaign --short --out target/faults-short.md
+//! cargo run -p distlock-chaos -- campaign --workloads rwlock --minutes 5 --out target/rw.md
+//! cargo run -p distlock-chaos -- campaign --only election/etcd3/kill-server --minutes 1
 //! ```
 //!
 //! `campaign` starts real servers, a resource process and client processes (this same binary,
@@ -13,18 +15,22 @@ mod campaign;
 mod check;
 mod client;
 mod history;
+mod observer;
 mod report;
 mod resource;
+mod workload;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use campaign::{Deployment, Nemesis};
+use campaign::{Deployment, Nemesis, Run};
+use workload::Workload;
 
 fn usage(problem: &str) -> ! {
     eprintln!(
         "{problem}\nusage:\n  distlock-chaos campaign [--short | --minutes N] [--out FILE]\n  \
-         distlock-chaos client --url U --name N --resource ADDR --history FILE --id N --ttl-ms MS [--hold-ms MS]\n  \
+         distlock-chaos campaign [--workloads W,..] [--only W/D/N,..] ...\n  \
+         distlock-chaos client --url U --workload W --resource ADDR --history FILE --id N --ttl-ms MS [--hold-ms MS]\n  \
          distlock-chaos resource --history FILE"
     );
     std::process::exit(2);
@@ -85,9 +91,11 @@ fn main() {
                     .parse()
                     .unwrap_or_else(|_| usage(&format!("--{k} takes a number")))
             };
+            let workload = Workload::parse(&need("workload"))
+                .unwrap_or_else(|| usage("--workload: lock, semaphore-N, rwlock or election"));
             let args = client::ClientArgs {
                 url: need("url"),
-                name: need("name"),
+                workload,
                 resource: need("resource"),
                 history: PathBuf::from(need("history")),
                 id: parse("id") as u32,
@@ -107,6 +115,44 @@ fn main() {
     }
 }
 
+/// The short campaign: every deployment under the fault whose hazard the lock must show or
+/// survive, the consensus clusters under a server kill; then each primitive on each backend
+/// family (Redis, etcd, ZooKeeper) under a fault that reaches its holders or its waiters.
+fn short_plan() -> Vec<Run> {
+    use Deployment::*;
+    use Nemesis::*;
+    let lock = [
+        (Redis, CutClient),
+        (Redis, ClockJump),
+        (RedisSentinel, Failover),
+        (Redlock, PauseClient),
+        (Etcd, PauseClient),
+        (Etcd3, KillServer),
+        (Zk, DelayClient),
+        (Zk3, KillServer),
+    ]
+    .map(|(d, n)| (Workload::Lock, d, n));
+    let primitives = [
+        (Workload::Semaphore(2), Redis, KillClient),
+        (Workload::Semaphore(2), Etcd, CutClient),
+        (Workload::Semaphore(2), Zk, KillClient),
+        (Workload::RwLock, Redis, DelayClient),
+        (Workload::RwLock, Etcd, KillClient),
+        (Workload::RwLock, Zk, CutClient),
+        (Workload::Election, Redis, CutClient),
+        (Workload::Election, Etcd, KillClient),
+        (Workload::Election, Zk, ResetClient),
+    ];
+    lock.into_iter()
+        .chain(primitives)
+        .map(|(workload, deployment, nemesis)| Run {
+            workload,
+            deployment,
+            nemesis,
+        })
+        .collect()
+}
+
 fn campaign(f: &std::collections::BTreeMap<String, String>) {
     let short = f.contains_key("short");
     let out = PathBuf::from(
@@ -114,44 +160,49 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
             .cloned()
             .unwrap_or_else(|| "docs/faults.md".into()),
     );
-    // The short campaign: every deployment under the fault whose hazard it must show or
-    // survive, the consensus clusters under a server kill, a few seconds each.
-    let plan: Vec<(Deployment, Nemesis)> = if short {
-        vec![
-            (Deployment::Redis, Nemesis::CutClient),
-            (Deployment::Redis, Nemesis::ClockJump),
-            (Deployment::RedisSentinel, Nemesis::Failover),
-            (Deployment::Redlock, Nemesis::PauseClient),
-            (Deployment::Etcd, Nemesis::PauseClient),
-            (Deployment::Etcd3, Nemesis::KillServer),
-            (Deployment::Zk, Nemesis::DelayClient),
-            (Deployment::Zk3, Nemesis::KillServer),
-        ]
+    let mut plan: Vec<Run> = if short {
+        short_plan()
     } else {
         campaign::plan()
     };
-    // `--only redis/pause-client,etcd3/kill-server`: those runs of the plan alone.
-    let plan: Vec<(Deployment, Nemesis)> = match f.get("only") {
-        Some(only) => {
-            let wanted: Vec<&str> = only.split(',').collect();
-            let picked: Vec<_> = campaign::plan()
-                .into_iter()
-                .filter(|(d, n)| wanted.contains(&format!("{}/{}", d.label(), n.label()).as_str()))
-                .collect();
-            if picked.len() != wanted.len() {
-                usage(&format!(
-                    "--only {only}: use <deployment>/<nemesis> pairs of the plan"
-                ));
-            }
-            picked
+    // `--workloads lock,rwlock`: those workloads of the plan alone.
+    if let Some(list) = f.get("workloads") {
+        let wanted: Vec<Workload> = list
+            .split(',')
+            .map(|w| {
+                Workload::parse(w).unwrap_or_else(|| {
+                    usage(&format!(
+                        "--workloads {list}: {w:?} is not lock, semaphore-N, rwlock or election"
+                    ))
+                })
+            })
+            .collect();
+        plan.retain(|r| wanted.contains(&r.workload));
+    }
+    // `--only lock/redis/pause-client,rwlock/etcd3/kill-server`: those runs of the full plan.
+    if let Some(only) = f.get("only") {
+        let wanted: Vec<&str> = only.split(',').collect();
+        plan = campaign::plan()
+            .into_iter()
+            .filter(|r| wanted.contains(&r.label().as_str()))
+            .collect();
+        if plan.len() != wanted.len() {
+            usage(&format!(
+                "--only {only}: use <workload>/<deployment>/<nemesis> triples of the plan"
+            ));
         }
-        None => plan,
-    };
-    // Each deployment gets the same share of the campaign, split equally among its runs: a
-    // deployment with one fault (the Sentinel failover) gets as many acquisitions as the others.
-    let (length_of, schedule): (Box<dyn Fn(Deployment) -> Duration>, String) = if short {
-        let each = Duration::from_secs(14);
-        (Box::new(move |_| each), format!("each run {each:?}"))
+    }
+    // Each (workload, deployment) gets the same share of the campaign, split equally among its
+    // runs: a deployment with one fault (the Sentinel failover) gets as many acquisitions as the
+    // others. A short run lasts long enough for one fault after the clients settle.
+    let (length_of, schedule): (Box<dyn Fn(Run) -> Duration>, String) = if short {
+        (
+            Box::new(|r: Run| match r.workload {
+                Workload::Lock => Duration::from_secs(14),
+                _ => (r.deployment.ttl() * 3).max(Duration::from_secs(8)) + Duration::from_secs(2),
+            }),
+            "each lock run 14 s, each other run 3 TTLs + 2 s (8 s at least)".to_string(),
+        )
     } else {
         let minutes: f64 = f
             .get("minutes")
@@ -160,52 +211,54 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
                     .unwrap_or_else(|_| usage("--minutes takes a number"))
             })
             .unwrap_or(30.0);
-        let mut deployments: Vec<Deployment> = Vec::new();
-        for (d, _) in &plan {
-            if !deployments.contains(d) {
-                deployments.push(*d);
+        let mut groups: Vec<(Workload, Deployment)> = Vec::new();
+        for r in &plan {
+            if !groups.contains(&(r.workload, r.deployment)) {
+                groups.push((r.workload, r.deployment));
             }
         }
-        let share = minutes * 60.0 / deployments.len().max(1) as f64;
+        let share = minutes * 60.0 / groups.len().max(1) as f64;
         let runs = plan.clone();
-        let length = move |d: Deployment| {
-            let n = runs.iter().filter(|(r, _)| *r == d).count().max(1);
+        let length = move |r: Run| {
+            let n = runs
+                .iter()
+                .filter(|x| (x.workload, x.deployment) == (r.workload, r.deployment))
+                .count()
+                .max(1);
             // Whole seconds keep the report readable.
             Duration::from_secs((share / n as f64).round().max(1.0) as u64)
         };
         let text = format!(
-            "each deployment {:?} in all, shared equally among its runs",
+            "each workload on each deployment {:?} in all, shared equally among its runs",
             Duration::from_secs(share.round() as u64)
         );
         (Box::new(length), text)
     };
-    let command = if short {
-        format!(
-            "cargo run -p distlock-chaos -- campaign --short --out {}",
-            out.display()
+    let command = std::iter::once("cargo run".to_string())
+        .chain((!short).then(|| "--release".to_string()))
+        .chain(["-p distlock-chaos -- campaign".to_string()])
+        .chain(
+            std::env::args()
+                .skip(2)
+                .map(|a| if a.contains(',') { format!("'{a}'") } else { a }),
         )
-    } else {
-        format!(
-            "cargo run --release -p distlock-chaos -- campaign --minutes {}",
-            f.get("minutes").map_or("30", String::as_str)
-        )
-    };
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut runs = Vec::new();
-    for (d, n) in plan {
-        let length = length_of(d);
-        eprintln!("== {} under {} for {length:?}", d.label(), n.label());
-        let r = campaign::run(d, n, length);
-        let fi = &r.findings;
+    for r in plan {
+        let length = length_of(r);
+        eprintln!("== {} for {length:?}", r.label());
+        let result = campaign::run(r, length);
+        let fi = &result.findings;
         eprintln!(
-            "   {} acquisitions, {} overlaps, {} fenced violations, {} lost elements, {} token-order violations: {} unexpected",
+            "   {} acquisitions, {} lease violations, {} token violations, {} left on the servers: {} unexpected",
             fi.acquisitions,
-            fi.overlaps,
-            fi.fenced_violations,
-            fi.lost_elements,
-            fi.token_order_violations,
-            r.unexpected()
+            fi.lease_violations(),
+            fi.token_violations(),
+            fi.leftovers,
+            result.unexpected()
         );
-        runs.push(r);
+        runs.push(result);
     }
     let text = report::markdown(&runs, &command, &schedule);
     let dir = out.parent().map(PathBuf::from).unwrap_or_default();
@@ -213,12 +266,9 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
     if let Err(e) = std::fs::write(&out, text) {
         usage(&format!("cannot write {}: {e}", out.display()));
     }
-    for r in runs.iter().filter(|r| r.nemesis == Nemesis::PauseClient) {
+    for r in runs.iter().filter(|r| report::has_timeline(r)) {
         let svg = report::svg(r, Duration::from_secs(20));
-        let _ = std::fs::write(
-            dir.join(format!("faults-{}.svg", r.deployment.label())),
-            svg,
-        );
+        let _ = std::fs::write(dir.join(report::timeline_file(r)), svg);
     }
     let unexpected: usize = runs.iter().map(campaign::RunResult::unexpected).sum();
     println!(

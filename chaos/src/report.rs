@@ -1,11 +1,12 @@
-//! `docs/faults.md`: one row per deployment and nemesis, and one timeline picture per
-//! deployment.
+//! `docs/faults.md`: one table per workload, one row per deployment and nemesis in it, and
+//! timeline pictures.
 
 use std::fmt::Write;
 use std::time::Duration;
 
 use crate::campaign::{Deployment, Nemesis, RunResult};
 use crate::history::{Event, NEMESIS, RESOURCE};
+use crate::workload::Workload;
 
 fn ms(ns: u64) -> String {
     format!("{}", ns / 1_000_000)
@@ -19,20 +20,139 @@ fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
     Some(sorted[i])
 }
 
+type Column = (&'static str, fn(&RunResult) -> String);
+
+fn latency(r: &RunResult) -> String {
+    let mut lat = r.findings.lost_latencies.clone();
+    lat.sort_unstable();
+    match (percentile(&lat, 0.5), percentile(&lat, 0.99)) {
+        (Some(a), Some(b)) => format!("{} / {}", ms(a), ms(b)),
+        _ => "-".into(),
+    }
+}
+
+fn verdict(r: &RunResult) -> String {
+    let unexpected = r.unexpected();
+    let (lease_hazard, token_hazard) = r.nemesis.expected(r.deployment);
+    let f = &r.findings;
+    let shown = f.lease_violations() + f.token_violations();
+    if unexpected > 0 {
+        format!("**FAIL** ({unexpected} unexpected)")
+    } else if shown > 0 && (lease_hazard || token_hazard) {
+        "pass (violations expected: the known hazard)".to_string()
+    } else {
+        "pass".to_string()
+    }
+}
+
+fn tokens(r: &RunResult) -> String {
+    if r.deployment == Deployment::Redlock {
+        "- (no tokens)".to_string()
+    } else {
+        format!(
+            "{} / {}",
+            r.findings.token_order_violations, r.findings.duplicate_tokens
+        )
+    }
+}
+
+/// The columns of `workload`'s table, after deployment and nemesis.
+fn columns(workload: Workload) -> Vec<Column> {
+    let head: [Column; 1] = [("acquisitions", |r| r.findings.acquisitions.to_string())];
+    let tail: [Column; 4] = [
+        ("worst unavailability (ms)", |r| {
+            ms(r.findings.worst_unavailability)
+        }),
+        ("lost-signal latency p50 / p99 (ms)", latency),
+        ("left on the servers", |r| r.findings.leftovers.to_string()),
+        ("verdict", verdict),
+    ];
+    let middle: Vec<Column> = match workload {
+        Workload::Lock => vec![
+            ("overlaps", |r| r.findings.overlaps.to_string()),
+            ("fenced violations", |r| {
+                r.findings.fenced_violations.to_string()
+            }),
+            ("lost elements", |r| r.findings.lost_elements.to_string()),
+            ("token order / duplicates", tokens),
+        ],
+        Workload::Semaphore(_) => vec![
+            ("holders beyond N", |r| r.findings.overlaps.to_string()),
+            ("registered beyond N at the resource", |r| {
+                r.findings.crowded.to_string()
+            }),
+            ("token order / duplicates", tokens),
+        ],
+        Workload::RwLock => vec![
+            ("a writer with another holder", |r| {
+                r.findings.overlaps.to_string()
+            }),
+            ("torn reads", |r| r.findings.torn_reads.to_string()),
+            ("lost elements", |r| r.findings.lost_elements.to_string()),
+            ("fenced violations", |r| {
+                r.findings.fenced_violations.to_string()
+            }),
+            ("token order / duplicates", tokens),
+            ("worst writer wait (ms)", |r| {
+                ms(r.findings.worst_writer_wait)
+            }),
+        ],
+        Workload::Election => vec![
+            ("two leaders at once", |r| r.findings.overlaps.to_string()),
+            ("fenced violations", |r| {
+                r.findings.fenced_violations.to_string()
+            }),
+            ("term order / duplicates", tokens),
+            ("observers going back", |r| {
+                r.findings.observers_back.to_string()
+            }),
+            ("leaders never elected", |r| {
+                r.findings.foreign_reports.to_string()
+            }),
+        ],
+    };
+    head.into_iter().chain(middle).chain(tail).collect()
+}
+
+fn title(workload: Workload) -> String {
+    match workload {
+        Workload::Lock => "Lock: 5 clients, the fenced register and the lock-set".into(),
+        Workload::Semaphore(n) => format!(
+            "Semaphore of {n}: {} clients registering at the resource while they hold a permit",
+            workload.clients()
+        ),
+        Workload::RwLock => {
+            "Read-write lock: 5 clients, 70 % reads (the register read twice), 30 % writes (as the lock's)".into()
+        }
+        Workload::Election => {
+            "Election: 5 candidates leading, proclaiming and resigning, 2 observers".into()
+        }
+    }
+}
+
 /// The report of `runs`, made by `command` on `schedule` (how long the runs were).
 pub fn markdown(runs: &[RunResult], command: &str, schedule: &str) -> String {
     let mut out = String::new();
     let total: usize = runs.iter().map(|r| r.findings.acquisitions).sum();
     let _ = writeln!(
         out,
-        "# Fault campaign\n\nGenerated by `{command}`: {} runs ({schedule}), {total} acquisitions in all, \
-         5 client processes per run on one lock name, each holding it while it writes a fenced \
-         register (with its token) and adds an element to an unfenced lock-set (read, sleep up \
-         to 20 ms, write back). Faults every few TTLs. How the history is checked: \
-         `chaos/src/check.rs`.\n\n\
+        "# Fault campaign\n\nGenerated by `{command}`: {} runs ({schedule}), {total} acquisitions in all. \
+         Each run starts its own servers, a resource process and client processes on one name; \
+         faults every few TTLs. How the history is checked: `chaos/src/check/`.\n\n\
+         **Workloads.** Lock clients hold the lock while they write a fenced register (with \
+         their token) and add an element to an unfenced lock-set (read, sleep up to 20 ms, write \
+         back); they wait up to 5 s each time. The other primitives' clients mix waits, waits \
+         of 1-300 ms, tries and waits dropped 0-150 ms after they began (the cancel path). \
+         Permit holders register at the resource while they work and leave at once when their \
+         lost signal fires; readers read the register twice and report a change between the two \
+         under a live lease; writers and leaders do the lock's work with their token or term; \
+         observers record what `observe()` and `leader()` report. Once every client stopped, the \
+         servers are read raw until they hold nothing under the name (keys, queue entries, hash \
+         fields, znodes), for at most two TTLs: anything left then fails the run.\n\n\
          A violation is **expected** where it is the known hazard of that fault: no lease \
          survives a pause past its TTL without the resource's own check (the fenced register \
-         refuses the stale writer; the unfenced lock-set loses an element), one Redis server \
+         refuses the stale writer; the unfenced lock-set loses an element; a second permit \
+         holder or a writer gets in), one Redis server \
          that crashes forgets its locks and its token counter (tokens go back, and the register \
          sees one token from two holders), and a Redlock node restarted \
          empty within the TTL gives a second majority (`kill-server`; `kill-server-late` restarts \
@@ -47,60 +167,67 @@ pub fn markdown(runs: &[RunResult], command: &str, schedule: &str) -> String {
          Anything else fails the campaign.\n",
         runs.len(),
     );
-    let _ = writeln!(
-        out,
-        "| deployment | nemesis | acquisitions | overlaps | fenced violations | lost elements | token-order violations | worst unavailability (ms) | lost-signal latency p50 / p99 (ms) | verdict |"
-    );
-    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---|---|");
+    let mut workloads: Vec<Workload> = Vec::new();
     for r in runs {
-        let f = &r.findings;
-        let mut lat = f.lost_latencies.clone();
-        lat.sort_unstable();
-        let latency = match (percentile(&lat, 0.5), percentile(&lat, 0.99)) {
-            (Some(a), Some(b)) => format!("{} / {}", ms(a), ms(b)),
-            _ => "-".into(),
-        };
-        let unexpected = r.unexpected();
-        let (lease_hazard, token_hazard) = r.nemesis.expected(r.deployment);
-        let shown = f.overlaps + f.lost_elements + f.token_order_violations + f.fenced_violations;
-        let verdict = if unexpected > 0 {
-            format!("**FAIL** ({unexpected} unexpected)")
-        } else if shown > 0 && (lease_hazard || token_hazard) {
-            "pass (violations expected: the known hazard)".to_string()
-        } else {
-            "pass".to_string()
-        };
-        let tokens = if r.deployment == Deployment::Redlock {
-            "- (no tokens)".to_string()
-        } else {
-            f.token_order_violations.to_string()
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.deployment.label(),
-            r.nemesis.label(),
-            f.acquisitions,
-            f.overlaps,
-            f.fenced_violations,
-            f.lost_elements,
-            tokens,
-            ms(f.worst_unavailability),
-            latency,
-            verdict
-        );
+        if !workloads.contains(&r.workload) {
+            workloads.push(r.workload);
+        }
     }
-    let _ = writeln!(out, "\n## Timelines\n");
-    for r in runs.iter().filter(|r| r.nemesis == Nemesis::PauseClient) {
+    for w in workloads {
+        let cols = columns(w);
+        let _ = writeln!(out, "## {}\n", title(w));
+        let heads: Vec<&str> = cols.iter().map(|(h, _)| *h).collect();
+        let _ = writeln!(out, "| deployment | nemesis | {} |", heads.join(" | "));
+        let aligns: Vec<&str> = cols
+            .iter()
+            .map(|(h, _)| match *h {
+                "verdict"
+                | "lost-signal latency p50 / p99 (ms)"
+                | "token order / duplicates"
+                | "term order / duplicates" => "---",
+                _ => "---:",
+            })
+            .collect();
+        let _ = writeln!(out, "|---|---|{}|", aligns.join("|"));
+        for r in runs.iter().filter(|r| r.workload == w) {
+            let cells: Vec<String> = cols.iter().map(|(_, f)| f(r)).collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                r.deployment.label(),
+                r.nemesis.label(),
+                cells.join(" | ")
+            );
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(out, "## Timelines\n");
+    for r in runs.iter().filter(|r| has_timeline(r)) {
         let _ = writeln!(
             out,
-            "![{} under {}](faults-{}.svg)\n",
+            "![{} on {} under {}]({})\n",
+            r.workload.label(),
             r.deployment.label(),
             r.nemesis.label(),
-            r.deployment.label()
+            timeline_file(r)
         );
     }
     out
+}
+
+/// Whether `run` gets a timeline: every lock run under a pause, and each other workload's run
+/// on one etcd member under a pause.
+pub fn has_timeline(run: &RunResult) -> bool {
+    run.nemesis == Nemesis::PauseClient
+        && (run.workload == Workload::Lock || run.deployment == Deployment::Etcd)
+}
+
+/// The file name of `run`'s timeline, next to the report.
+pub fn timeline_file(run: &RunResult) -> String {
+    match run.workload {
+        Workload::Lock => format!("faults-{}.svg", run.deployment.label()),
+        w => format!("faults-{}-{}.svg", w.label(), run.deployment.label()),
+    }
 }
 
 /// A timeline of the first `window` of `run`: one row per client, holding spans in green, lost
@@ -124,7 +251,8 @@ pub fn svg(run: &RunResult, window: Duration) -> String {
     let height = 50.0 + 22.0 * clients.len() as f64;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n\
-         <text x=\"10\" y=\"16\">{} under {}: first {:?} (green: holding; red: lost signal; orange: refused fenced write; grey: fault)</text>\n",
+         <text x=\"10\" y=\"16\">{} on {} under {}: first {:?} (green: holding; red: lost signal; orange: refused fenced write; grey: fault)</text>\n",
+        run.workload.label(),
         run.deployment.label(),
         run.nemesis.label(),
         window

@@ -6,9 +6,14 @@
 //!   `WRITE <elements...>` replaces the set: a holder reads, sleeps, and writes back the set
 //!   with one new element, so an element goes missing when two holders overlapped.
 //!
+//! * a **registry** of permit holders: `ENTER <client> <token>` registers a holder, `LEAVE
+//!   <client>` (or its connection closing, a killed client) removes it; each entry is recorded
+//!   with how many were registered then;
+//! * `PEEK` answers the register's highest token (`TOKEN <n>`, `TOKEN -`), for readers.
+//!
 //! `END` records the final set. Every accepted fenced write is recorded as the register saw it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -20,6 +25,9 @@ use crate::history::{Event, Recorder};
 struct State {
     highest: Option<u64>,
     set: BTreeSet<String>,
+    /// Registered permit holders: client -> the connection that registered it.
+    inside: BTreeMap<u32, u64>,
+    connections: u64,
 }
 
 /// Serves on `listener` for ever, recording into `history`.
@@ -33,6 +41,18 @@ pub async fn serve(listener: TcpListener, history: Recorder) {
 }
 
 async fn connection(socket: TcpStream, state: &Mutex<State>, history: &Recorder) {
+    let me = {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.connections += 1;
+        st.connections
+    };
+    serve_lines(socket, me, state, history).await;
+    // A client killed while registered leaves with its connection.
+    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    st.inside.retain(|_, c| *c != me);
+}
+
+async fn serve_lines(socket: TcpStream, me: u64, state: &Mutex<State>, history: &Recorder) {
     let (read, mut write) = socket.into_split();
     let mut lines = BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
@@ -53,6 +73,28 @@ async fn connection(socket: TcpStream, state: &Mutex<State>, history: &Recorder)
                         _ => "ERR".to_string(),
                     }
                 }
+                Some("ENTER") => match words.next().and_then(|c| c.parse().ok()) {
+                    Some(client) => {
+                        st.inside.insert(client, me);
+                        history.record(Event::Entered {
+                            client,
+                            inside: st.inside.len(),
+                        });
+                        "OK".to_string()
+                    }
+                    None => "ERR".to_string(),
+                },
+                Some("LEAVE") => match words.next().and_then(|c| c.parse::<u32>().ok()) {
+                    Some(client) => {
+                        st.inside.remove(&client);
+                        "OK".to_string()
+                    }
+                    None => "ERR".to_string(),
+                },
+                Some("PEEK") => match st.highest {
+                    Some(h) => format!("TOKEN {h}"),
+                    None => "TOKEN -".to_string(),
+                },
                 Some("READ") => {
                     let elements: Vec<&str> = st.set.iter().map(String::as_str).collect();
                     format!("SET {}", elements.join(" "))

@@ -1,0 +1,101 @@
+//! What the clients of a run do with the name: a lock, a semaphore of N, a read-write lock or
+//! an election (with observers), and what each needs of a deployment.
+
+use distlock::{ELECTION_LOCK_PREFIX, RWLOCK_LOCK_PREFIX, SEMAPHORE_LOCK_PREFIX};
+
+use crate::campaign::Deployment;
+
+/// The name every run uses (each run has servers of its own).
+pub const NAME: &str = "chaos";
+
+/// A workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// Five clients take the lock, write the fenced register and add to the lock-set.
+    Lock,
+    /// 2N + 1 clients take permits of a semaphore of N and register at the resource while they
+    /// hold one.
+    Semaphore(u32),
+    /// Five clients, 70 % readers and 30 % writers: writers as the lock's, readers reading the
+    /// register twice and reporting a change under them.
+    RwLock,
+    /// Five candidates campaign, lead for a while (writing with their term, sometimes
+    /// proclaiming), resign or are killed; two observer processes record what `observe()` and
+    /// `leader()` report.
+    Election,
+}
+
+/// Every workload, in the report's order.
+pub const WORKLOADS: [Workload; 5] = [
+    Workload::Lock,
+    Workload::Semaphore(2),
+    Workload::Semaphore(3),
+    Workload::RwLock,
+    Workload::Election,
+];
+
+/// Observer processes of an election run.
+pub const OBSERVERS: u32 = 2;
+
+/// The first observer's process id (candidates count from 0).
+pub const FIRST_OBSERVER: u32 = 500;
+
+impl Workload {
+    /// Its label on the command line and in the report.
+    pub fn label(self) -> String {
+        match self {
+            Workload::Lock => "lock".into(),
+            Workload::Semaphore(n) => format!("semaphore-{n}"),
+            Workload::RwLock => "rwlock".into(),
+            Workload::Election => "election".into(),
+        }
+    }
+
+    /// The workload labelled `label`.
+    pub fn parse(label: &str) -> Option<Self> {
+        match label {
+            "lock" => Some(Workload::Lock),
+            "rwlock" => Some(Workload::RwLock),
+            "election" => Some(Workload::Election),
+            _ => label
+                .strip_prefix("semaphore-")
+                .and_then(|n| n.parse().ok())
+                .filter(|n| *n > 0)
+                .map(Workload::Semaphore),
+        }
+    }
+
+    /// Whether `d` offers it: Redlock has neither the policies semaphores and read-write locks
+    /// need nor the tokens terms are made of.
+    pub fn offered_on(self, d: Deployment) -> bool {
+        self == Workload::Lock || d != Deployment::Redlock
+    }
+
+    /// Client processes (candidates for an election; observers apart).
+    pub fn clients(self) -> u32 {
+        match self {
+            Workload::Semaphore(n) => 2 * n + 1,
+            _ => 5,
+        }
+    }
+
+    /// The lock name the backend queues on: what is left on the server is counted under it.
+    pub fn queue(self) -> String {
+        let prefix = match self {
+            Workload::Lock => "",
+            Workload::Semaphore(_) => SEMAPHORE_LOCK_PREFIX,
+            Workload::RwLock => RWLOCK_LOCK_PREFIX,
+            Workload::Election => ELECTION_LOCK_PREFIX,
+        };
+        format!("{prefix}{NAME}")
+    }
+
+    /// How many shared holders may hold at once: a semaphore's N; `None` for any number (a
+    /// read-write lock's readers; a lock and an election have no shared holders).
+    pub fn shared_limit(self) -> Option<usize> {
+        match self {
+            Workload::Semaphore(n) => Some(n as usize),
+            _ => None,
+        }
+    }
+}
