@@ -337,3 +337,81 @@ async fn a_wait_rides_out_a_stall_longer_than_its_session() {
     assert!(granted.fencing_token() > first);
     assert!(granted.release().await.expect("release"));
 }
+
+/// A holder whose member is cut from its peers while the holder still reaches it (the member
+/// answers, but can no longer commit: it lost the quorum): its session lease is kept alive by
+/// nobody, the others' leader expires it, and another client is granted the lock. The holder
+/// must be told before that. The cut is real peer traffic blackholed in both directions, so
+/// this also shows the harness isolates a member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_member_cut_from_its_peers_is_told_before_another_is_granted() {
+    let cluster = tokio::task::spawn_blocking(|| {
+        distlock_conformance::harness::EtcdCluster::start_with_peer_links(3).expect("etcd")
+    })
+    .await
+    .expect("start");
+    let leader = cluster.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    let endpoints = cluster.endpoints();
+    let a = LockClient::new(std::sync::Arc::new(
+        EtcdBackend::connect(&endpoints[follower..=follower], options())
+            .await
+            .expect("connect to the follower"),
+    ));
+    let others: Vec<String> = (0..3)
+        .filter(|i| *i != follower)
+        .map(|i| endpoints[i].clone())
+        .collect();
+    let b = LockClient::new(std::sync::Arc::new(
+        EtcdBackend::connect(&others, options())
+            .await
+            .expect("connect to the others"),
+    ));
+    let ttl = options().session_ttl;
+    let held = a
+        .try_acquire("member-cut", &opts(ttl))
+        .await
+        .expect("acquire");
+    let signal = held.lost_signal();
+    let told = tokio::spawn(async move {
+        signal.wait().await;
+        Instant::now()
+    });
+    cluster.isolate(follower, true);
+    let until = Instant::now() + Duration::from_secs(20);
+    let won = loop {
+        match b.try_acquire("member-cut", &opts(ttl)).await {
+            Ok(l) => break l,
+            Err(LockError::Busy { .. }) if Instant::now() < until => {
+                sleep(Duration::from_millis(50)).await
+            }
+            Err(e) if Instant::now() < until && e.is_retryable() => {
+                sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("the others never freed the lock: {e}"),
+        }
+    };
+    let won_at = Instant::now();
+    assert!(
+        told.is_finished(),
+        "another client holds the lock while the cut-off holder still counts on it"
+    );
+    let told_at = told.await.expect("signal task");
+    assert!(told_at <= won_at);
+    // The cut member's leader is gone from its view: it cannot serve a linearizable read.
+    let cut_alone = etcd_client::Client::connect([endpoints[follower].clone()], None)
+        .await
+        .expect("connect");
+    let read = tokio::time::timeout(
+        Duration::from_secs(3),
+        cut_alone.kv_client().get("member-cut-probe", None),
+    )
+    .await;
+    assert!(
+        !matches!(read, Ok(Ok(_))),
+        "a member cut from its peers served a linearizable read"
+    );
+    assert!(won.release().await.expect("release"));
+    // Healed, the member rejoins (3.4 runs no pre-vote: its higher term forces an election).
+    cluster.isolate(follower, false);
+}

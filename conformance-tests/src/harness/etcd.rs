@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::{
-    HarnessError, ServerProcess, TempDir, TlsFiles, ask, free_port, local, require,
-    retry_port_clash,
+    HarnessError, Proxy, ProxyMode, ServerProcess, TempDir, TlsFiles, ask, free_port, local,
+    require, retry_port_clash,
 };
 
 const BINARY: &str = "/usr/bin/etcd";
@@ -18,6 +18,8 @@ pub struct EtcdCluster {
     pub metrics_ports: Vec<u16>,
     /// The members' processes, for faults.
     pub members: Vec<ServerProcess>,
+    /// A proxy in front of each member's peer port, when started with them.
+    peer_proxies: Vec<Proxy>,
     _dir: TempDir,
 }
 
@@ -33,11 +35,52 @@ impl EtcdCluster {
         Self::start_with(n, Some(tls))
     }
 
-    fn start_with(n: usize, tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_once(n, tls))
+    /// Like [`EtcdCluster::start`], with each member's peer URL a [`Proxy`] in front of its peer
+    /// port: [`EtcdCluster::isolate`] then cuts one member off from the others while its clients
+    /// still reach it.
+    pub fn start_with_peer_links(n: usize) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(n, None, true))
     }
 
-    fn start_once(n: usize, tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
+    /// Blackholes (`true`) or restores every peer link to and from member `i`: what others
+    /// dialled to it (its proxy), and what it dialled to others (told apart in their proxies by
+    /// the member ID its requests carry).
+    ///
+    /// # Panics
+    /// When the cluster was not started with peer links, or member `i` does not say its ID.
+    pub fn isolate(&self, i: usize, cut: bool) {
+        assert!(!self.peer_proxies.is_empty(), "started without peer links");
+        let id = self
+            .member_id(i)
+            .unwrap_or_else(|| panic!("member {i} does not say its ID"));
+        for (j, proxy) in self.peer_proxies.iter().enumerate() {
+            let mode = match (cut, i == j) {
+                (false, _) => ProxyMode::Pass,
+                (true, true) => ProxyMode::Blackhole,
+                (true, false) => ProxyMode::BlackholeFrom(id),
+            };
+            proxy.set_mode(mode);
+            if !cut {
+                proxy.reset();
+            }
+        }
+    }
+
+    /// Member `i`'s ID, from its `maintenance/status`.
+    fn member_id(&self, i: usize) -> Option<u64> {
+        let r = status(self.client_ports[i])?;
+        json_field(&r, "member_id")?.parse().ok()
+    }
+
+    fn start_with(n: usize, tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(n, tls, false))
+    }
+
+    fn start_once(
+        n: usize,
+        tls: Option<&TlsFiles>,
+        peer_links: bool,
+    ) -> Result<Self, HarnessError> {
         require(BINARY, "etcd-server")?;
         let dir = TempDir::new("etcd").map_err(|source| HarnessError::Io {
             server: "etcd".into(),
@@ -48,7 +91,24 @@ impl EtcdCluster {
         // Health is probed on a plain-HTTP metrics port, so it works with client TLS too.
         let metrics_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let initial: Vec<String> = peer_ports
+        let peer_proxies: Vec<Proxy> = if peer_links {
+            peer_ports
+                .iter()
+                .map(|p| Proxy::start(local(*p)))
+                .collect::<std::io::Result<_>>()
+                .map_err(|source| HarnessError::Io {
+                    server: "etcd".into(),
+                    source,
+                })?
+        } else {
+            Vec::new()
+        };
+        // Where the others dial member i: its peer port, or its proxy.
+        let advertised: Vec<u16> = match peer_proxies.is_empty() {
+            true => peer_ports.clone(),
+            false => peer_proxies.iter().map(|p| p.addr().port()).collect(),
+        };
+        let initial: Vec<String> = advertised
             .iter()
             .enumerate()
             .map(|(i, p)| format!("e{i}=http://127.0.0.1:{p}"))
@@ -57,7 +117,12 @@ impl EtcdCluster {
         // Start every member before waiting: a member is only healthy once a quorum runs.
         let mut pending = Vec::new();
         for i in 0..n {
-            let (c, p, m) = (client_ports[i], peer_ports[i], metrics_ports[i]);
+            let (c, p, m, a) = (
+                client_ports[i],
+                peer_ports[i],
+                metrics_ports[i],
+                advertised[i],
+            );
             let data = dir.path().join(format!("e{i}"));
             let args: Vec<String> = vec![
                 format!("--name=e{i}"),
@@ -66,7 +131,7 @@ impl EtcdCluster {
                 format!("--advertise-client-urls={scheme}://127.0.0.1:{c}"),
                 format!("--listen-metrics-urls=http://127.0.0.1:{m}"),
                 format!("--listen-peer-urls=http://127.0.0.1:{p}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{p}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{a}"),
                 format!("--initial-cluster={initial}"),
                 "--initial-cluster-state=new".into(),
                 "--initial-cluster-token=distlock-test".into(),
@@ -111,6 +176,7 @@ impl EtcdCluster {
             client_ports,
             metrics_ports,
             members,
+            peer_proxies,
             _dir: dir,
         })
     }
@@ -132,18 +198,23 @@ impl EtcdCluster {
     /// `maintenance/status`: a member leads when its `leader` equals its own `member_id`).
     pub fn leader(&self) -> Option<usize> {
         self.client_ports.iter().position(|&p| {
-            ask(
-                local(p),
-                b"POST /v3/maintenance/status HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
-                Duration::from_secs(1),
-            )
-            .and_then(|r| Some(json_field(&r, "member_id")? == json_field(&r, "leader")?))
-            .unwrap_or(false)
+            status(p)
+                .and_then(|r| Some(json_field(&r, "member_id")? == json_field(&r, "leader")?))
+                .unwrap_or(false)
         })
     }
 }
 
 /// The string value of `"field":"..."` in a small JSON answer.
+/// The member's `maintenance/status` through the v3 gateway on its client `port`.
+fn status(port: u16) -> Option<String> {
+    ask(
+        local(port),
+        b"POST /v3/maintenance/status HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+        Duration::from_secs(1),
+    )
+}
+
 fn json_field(text: &str, field: &str) -> Option<String> {
     let start = text.find(&format!("\"{field}\":\""))? + field.len() + 4;
     let end = text[start..].find('"')? + start;

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,6 +22,10 @@ pub enum ProxyMode {
     Blackhole,
     /// Forward requests, drop replies: the server acts, the client never hears (a lost reply).
     DropReplies,
+    /// Blackhole the connections an etcd member with this ID dialled (its peer requests carry
+    /// `X-Server-From: <id in hex>`), pass the others: with one proxy in front of each
+    /// member's peer port, one member is cut from its peers while the rest still talk.
+    BlackholeFrom(u64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -106,9 +111,10 @@ async fn accept_loop(
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
             let mut reset = control.clone();
+            let from = Arc::new(AtomicU64::new(0));
             tokio::select! {
-                _ = pump(cr, sw, control.clone(), false) => {}
-                _ = pump(sr, cw, control.clone(), true) => {}
+                _ = pump(cr, sw, control.clone(), false, &from) => {}
+                _ = pump(sr, cw, control.clone(), true, &from) => {}
                 _ = reset.wait_for(|c| c.generation != generation) => {}
             }
             // Halves are dropped here; SO_LINGER 0 is not reachable on split halves, so the
@@ -117,12 +123,26 @@ async fn accept_loop(
     }
 }
 
-/// Copies one direction; `replies` is the server-to-client direction.
+/// The etcd member ID in an `X-Server-From` header of `bytes`, if any.
+fn server_from(bytes: &[u8]) -> Option<u64> {
+    const HEADER: &[u8] = b"X-Server-From: ";
+    let at = bytes.windows(HEADER.len()).position(|w| w == HEADER)? + HEADER.len();
+    let hex: Vec<u8> = bytes[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_hexdigit())
+        .copied()
+        .collect();
+    u64::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()
+}
+
+/// Copies one direction; `replies` is the server-to-client direction. `dialler` holds the
+/// etcd member that opened the connection, once its first request named it (0 before).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     control: watch::Receiver<Control>,
     replies: bool,
+    dialler: &AtomicU64,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -130,8 +150,16 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if !replies
+            && dialler.load(Ordering::Relaxed) == 0
+            && let Some(id) = server_from(&buf[..n])
+        {
+            dialler.store(id, Ordering::Relaxed);
+        }
         let mode = control.borrow().mode;
         match mode {
+            ProxyMode::BlackholeFrom(id) if dialler.load(Ordering::Relaxed) == id => continue,
+            ProxyMode::BlackholeFrom(_) => {}
             ProxyMode::Pass => {}
             ProxyMode::Delay(d) => tokio::time::sleep(d).await,
             ProxyMode::Blackhole => continue,
