@@ -76,13 +76,17 @@ impl Deployment {
     /// The faults this deployment runs under: the client faults everywhere (but behind a
     /// Sentinel, whose clients reach the master directly), server kills where a server runs
     /// alone or in a quorum, a wall-clock jump where TTLs are counted by a server's clock
-    /// (Redis, Redlock), Redlock's delayed restart, and a Sentinel failover.
+    /// (Redis, Redlock), Redlock's delayed restart, a Sentinel failover, and where there are
+    /// several servers, a client cut from one of them; a member cut from its peers in a quorum.
     pub fn nemeses(self) -> Vec<Nemesis> {
         use Nemesis::*;
         let server: &[Nemesis] = match self {
             Deployment::RedisSentinel => return vec![Failover],
             Deployment::Redis => &[KillServer, ClockJump],
-            Deployment::Redlock => &[KillServer, KillServerLate, ClockJump],
+            Deployment::Redlock => &[KillServer, KillServerLate, ClockJump, CutClientMinority],
+            Deployment::Etcd3 | Deployment::Zk3 => {
+                &[KillServer, PartitionMember, CutClientMinority]
+            }
             _ => &[KillServer],
         };
         [PauseClient, KillClient, CutClient, DelayClient, ResetClient]
@@ -191,6 +195,12 @@ pub enum Nemesis {
     /// SIGKILL the master; restart it once the Sentinel has promoted the replica (it comes back
     /// empty and is made a replica).
     Failover,
+    /// Cut one member (the leader and a follower in turn) from its peers, both ways, for 1.5
+    /// TTLs, while every client still reaches it: it answers, but cannot commit.
+    PartitionMember,
+    /// Blackhole one client's traffic to one server (the leader and a follower in turn) for
+    /// 1.5 TTLs; it still reaches the others.
+    CutClientMinority,
 }
 
 impl Nemesis {
@@ -206,6 +216,8 @@ impl Nemesis {
             Nemesis::ResetClient => "reset-client",
             Nemesis::ClockJump => "clock-jump",
             Nemesis::Failover => "failover",
+            Nemesis::PartitionMember => "partition-member",
+            Nemesis::CutClientMinority => "cut-client-minority",
         }
     }
 
@@ -241,6 +253,9 @@ struct Servers {
     clocks: Vec<ClockOffset>,
     processes: Box<dyn Fn() -> Vec<Arc<dyn ProcessRef>> + Send + Sync>,
     leader: Box<dyn Fn() -> Option<usize> + Send + Sync>,
+    /// Cuts (`true`) or heals member i's links to its peers, where the run started them behind
+    /// proxies.
+    isolate: Box<dyn Fn(usize, bool) + Send + Sync>,
     /// What the servers hold under a lock name, counted raw.
     leftovers: Box<dyn Fn(LockName) -> BoxFuture<usize> + Send + Sync>,
     _keep: Box<dyn std::any::Any + Send + Sync>,
@@ -373,6 +388,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks,
                 processes: Box::new(move || refs(&c, 1)),
                 leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -387,6 +403,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks,
                 processes: Box::new(move || refs(&c, 3)),
                 leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -404,6 +421,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 2)),
                 // The server the Sentinel names as master now.
+                isolate: Box::new(|_, _| {}),
                 leader: Box::new(move || {
                     let (pair, sentinel) = &*l;
                     let port = sentinel.master_port(SERVICE)?;
@@ -431,6 +449,7 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 1)),
                 leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -444,34 +463,51 @@ fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 3)),
                 leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
         (Deployment::Etcd | Deployment::Etcd3, _) => {
             let n = if kind == Deployment::Etcd { 1 } else { 3 };
-            let s = Arc::new(EtcdCluster::start(n).unwrap_or_else(|e| fail(e)));
-            let (ports, c, l) = (s.client_ports.clone(), s.clone(), s.clone());
+            let s = Arc::new(
+                if nemesis == Nemesis::PartitionMember {
+                    EtcdCluster::start_with_peer_links(n)
+                } else {
+                    EtcdCluster::start(n)
+                }
+                .unwrap_or_else(|e| fail(e)),
+            );
+            let (ports, c, l, cut) = (s.client_ports.clone(), s.clone(), s.clone(), s.clone());
             Servers {
                 kind,
                 ports,
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, n)),
                 leader: Box::new(move || l.leader()),
+                isolate: Box::new(move |i, on| cut.isolate(i, on)),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
         }
         (Deployment::Zk | Deployment::Zk3, _) => {
             let n = if kind == Deployment::Zk { 1 } else { 3 };
-            let s = Arc::new(ZkEnsemble::start(n).unwrap_or_else(|e| fail(e)));
-            let (ports, c, l) = (s.client_ports.clone(), s.clone(), s.clone());
+            let s = Arc::new(
+                if nemesis == Nemesis::PartitionMember {
+                    ZkEnsemble::start_with_peer_links(n)
+                } else {
+                    ZkEnsemble::start(n)
+                }
+                .unwrap_or_else(|e| fail(e)),
+            );
+            let (ports, c, l, cut) = (s.client_ports.clone(), s.clone(), s.clone(), s.clone());
             Servers {
                 kind,
                 ports,
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, n)),
                 leader: Box::new(move || l.leader()),
+                isolate: Box::new(move |i, on| cut.isolate(i, on)),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -521,6 +557,19 @@ impl Drop for Process {
 struct Client {
     process: Process,
     cut: ProxyCut,
+}
+
+/// The server a fault hits this turn: the leader on even turns, a follower on odd ones (any
+/// where there is no leader).
+fn in_turn(servers: &Servers, turn: &mut usize, rng: &mut impl Rng) -> usize {
+    let n = (servers.processes)().len();
+    let i = match (servers.leader)() {
+        Some(l) if *turn % 2 == 0 || n == 1 => l,
+        Some(l) => (l + 1) % n,
+        None => rng.random_range(0..n),
+    };
+    *turn += 1;
+    i
 }
 
 /// What one run recorded.
@@ -672,9 +721,10 @@ pub fn run(r: Run, length: Duration) -> RunResult {
         // A pause or a cut hits the holder of the moment (a fault on a client that holds
         // nothing shows nothing): the client whose history ends with a grant.
         let pick = match nemesis {
-            Nemesis::PauseClient | Nemesis::DelayClient | Nemesis::ResetClient => {
-                holder(dir.path(), &clients, |_| true)
-            }
+            Nemesis::PauseClient
+            | Nemesis::DelayClient
+            | Nemesis::ResetClient
+            | Nemesis::CutClientMinority => holder(dir.path(), &clients, |_| true),
             // A jump lands while the long holder holds: its lock is the one that expires early.
             Nemesis::CutClient | Nemesis::ClockJump => {
                 holder(dir.path(), &clients, |id| id == LONG_HOLDER)
@@ -757,14 +807,31 @@ pub fn run(r: Run, length: Duration) -> RunResult {
                     .restart()
                     .unwrap_or_else(|e| panic!("{}: restart: {e}", servers.kind.label()));
             }
+            Nemesis::PartitionMember => {
+                let i = in_turn(&servers, &mut turn, &mut rng);
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target: format!("server {i}"),
+                });
+                (servers.isolate)(i, true);
+                std::thread::sleep(ttl * 3 / 2);
+                (servers.isolate)(i, false);
+            }
+            Nemesis::CutClientMinority => {
+                let i = in_turn(&servers, &mut turn, &mut rng);
+                rec.record(Event::FaultStart {
+                    kind: nemesis.label().into(),
+                    target: format!("{target} from server {i}"),
+                });
+                let proxy = &clients[pick].1.cut.0[i];
+                proxy.set_mode(ProxyMode::Blackhole);
+                std::thread::sleep(ttl * 3 / 2);
+                proxy.reset();
+                proxy.set_mode(ProxyMode::Pass);
+            }
             Nemesis::KillServer | Nemesis::KillServerLate => {
+                let i = in_turn(&servers, &mut turn, &mut rng);
                 let procs = (servers.processes)();
-                let i = match ((servers.leader)(), procs.len()) {
-                    (Some(l), n) if turn % 2 == 0 || n == 1 => l,
-                    (Some(l), n) => (l + 1) % n,
-                    (None, n) => rng.random_range(0..n),
-                };
-                turn += 1;
                 rec.record(Event::FaultStart {
                     kind: nemesis.label().into(),
                     target: format!("server {i}"),
