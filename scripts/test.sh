@@ -25,13 +25,16 @@ fi
 servers='/usr/bin/redis-server|/usr/bin/etcd|zookeeper\.jar'
 before=$(pgrep -f "$servers" | sort || true)
 
-echo "== format and lints"
+# Each step says when it began, so the run's budget can be read from its log.
+step() { echo "== $* (at ${SECONDS}s)"; }
+
+step "format and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # The facade alone, as README's first command builds it (memory backend only).
 cargo clippy -p distlock --all-targets --quiet -- -D warnings
 
-echo "== README's first command on a machine without protoc (its own target dir, PROTOC failing)"
+step "README's first command on a machine without protoc (its own target dir, PROTOC failing)"
 first=(env PROTOC=/bin/false CARGO_TARGET_DIR=target/first-command cargo run -q -p distlock --example oversell --)
 "${first[@]}" --short | tail -n 4
 # A scheme whose backend that build left out is refused, naming the feature to enable.
@@ -40,26 +43,26 @@ if out=$("${first[@]}" --backend etcd://127.0.0.1:1 2>&1); then
 fi
 grep -q 'cargo feature "etcd"' <<<"$out" || { echo "no feature named in: $out"; exit 1; }
 
-echo "== docs and packages"
+step "docs and packages"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo package --workspace --no-verify --allow-dirty --quiet \
   --exclude distlock-conformance --exclude distlock-bench --exclude distlock-chaos
 
-echo "== the distlock command installs (the debug build this run makes anyway)"
+step "the distlock command installs (the debug build this run makes anyway)"
 CARGO_TARGET_DIR=target cargo install --quiet --locked --path cli --debug --root target/cli-install --force
 target/cli-install/bin/distlock --version
 
-echo "== tests"
+step "tests"
 # Two threads: the server suites share the machine's 2 cores with the servers they start.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace -- --test-threads=2 2>&1 | tee "$log"
 read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log")
 
-echo "== fault campaign, short (every deployment; the full one writes docs/faults.md)"
+step "fault campaign, short (every deployment, every primitive on each backend family; the full one writes docs/faults.md)"
 cargo run -q -p distlock-chaos -- campaign --short --out target/faults-short.md
 
-echo "== benchmark smoke run (a few hundred iterations; the report is docs/bench.md)"
+step "benchmark smoke run (a few hundred iterations; the report is docs/bench.md)"
 cargo run -q -p distlock-bench -- --smoke --out target/bench-smoke | tail -n 3
 
 after=$(pgrep -f "$servers" | sort || true)
@@ -68,5 +71,5 @@ if [ -n "$leaked" ]; then
   echo "server processes outlived the tests:"; ps -o pid,args -p $(echo $leaked | tr ' ' ',')
   exit 1
 fi
-echo "== no server process left running"
+echo "== no server process left running (${SECONDS}s in all)"
 echo "tests: $passed passed, $failed failed"
