@@ -26,11 +26,14 @@ mod tokens;
 #[cfg(test)]
 mod tests;
 
-use crate::history::Entry;
+use crate::history::{Entry, Event};
 
 /// What one history shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Findings {
+    /// What the clients asked of the servers: acquire attempts (granted or not), releases,
+    /// proclamations, and observers' reports.
+    pub operations: usize,
     /// Grants.
     pub acquisitions: usize,
     /// Overlapping holding intervals of different clients where one is exclusive, and shared
@@ -84,6 +87,19 @@ impl Findings {
 pub fn check(history: &[Entry], end: u64, shared_limit: Option<usize>) -> Findings {
     let h = holding::Holding::of(history, end);
     Findings {
+        operations: history
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.ev,
+                    Event::AcquireInvoke { .. }
+                        | Event::ReleaseInvoke
+                        | Event::Proclaim { .. }
+                        | Event::Observed { .. }
+                        | Event::ObserveError { .. }
+                )
+            })
+            .count(),
         acquisitions: h.acquisitions,
         overlaps: holding::exclusion_violations(&h.held, shared_limit),
         fenced_violations: tokens::fenced_violations(history),

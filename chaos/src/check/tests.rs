@@ -89,7 +89,7 @@ fn clean() -> Vec<Entry> {
 #[test]
 fn a_clean_history_shows_nothing() {
     let f = check(&clean(), 60, None);
-    assert_eq!(f.acquisitions, 2);
+    assert_eq!((f.operations, f.acquisitions), (4, 2));
     assert_eq!(
         (
             f.overlaps,
