@@ -47,12 +47,11 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
-        self.acquire_inner(name, Admission::Exclusive, None, None)
-            .await
+        self.acquire_inner(name, Admission::Exclusive, None).await
     }
 
     async fn acquire(&self, name: &LockName, _ttl: Duration, deadline: Instant) -> Result<Grant> {
-        self.acquire_inner(name, Admission::Exclusive, Some(deadline), None)
+        self.acquire_inner(name, Admission::Exclusive, Some(deadline))
             .await
     }
 
@@ -63,19 +62,7 @@ impl LockBackend for EtcdBackend {
         _ttl: Duration,
         deadline: Option<Instant>,
     ) -> Result<Grant> {
-        self.acquire_inner(name, admission, deadline, None).await
-    }
-
-    async fn acquire_announced(
-        &self,
-        name: &LockName,
-        _ttl: Duration,
-        value: &str,
-        deadline: Instant,
-    ) -> Result<Option<Grant>> {
-        self.acquire_inner(name, Admission::Exclusive, Some(deadline), Some(value))
-            .await
-            .map(Some)
+        self.acquire_inner(name, admission, deadline).await
     }
 
     /// A keep-alive of the session lease, then a check that our key is still there: the lease

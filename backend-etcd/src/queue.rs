@@ -135,7 +135,6 @@ impl EtcdBackend {
         name: &LockName,
         admission: Admission,
         deadline: Option<Instant>,
-        value: Option<&str>,
     ) -> Result<Grant> {
         let started = Instant::now();
         let time_left = || deadline.is_some_and(|d| Instant::now() < d);
@@ -151,7 +150,7 @@ impl EtcdBackend {
                 Err(e) => return Err(e),
             };
             match self
-                .queue_once(name, admission, deadline, value, &session, started)
+                .queue_once(name, admission, deadline, &session, started)
                 .await
             {
                 Err(e)
@@ -175,26 +174,20 @@ impl EtcdBackend {
     }
 
     /// Enqueues an attempt key whose value is the secret with its limit
-    /// ([`Admission::entry_suffix`]), or with `value` the secret and that announced value
-    /// ([`distlock_api::announced_entry`]), on `session`, and waits until `admission` admits it;
+    /// ([`Admission::entry_suffix`]) on `session`, and waits until `admission` admits it;
     /// a try (no `deadline`) puts its key only if admitted at once (see `try_acquire.rs`).
     async fn queue_once(
         &self,
         name: &LockName,
         admission: Admission,
         deadline: Option<Instant>,
-        value: Option<&str>,
         session: &Arc<Session>,
         started: Instant,
     ) -> Result<Grant> {
         let session = session.clone();
         let prefix = self.name_prefix(name);
         let secret = OwnerSecret::random()?;
-        let own = format!("{}{}", secret.expose_hex(), admission.entry_suffix());
-        let entry = match value {
-            Some(v) => distlock_api::announced_entry(&own, v),
-            None => own,
-        };
+        let entry = format!("{}{}", secret.expose_hex(), admission.entry_suffix());
         let slot = session.take_slot(&prefix, &entry);
         let key = attempt_key(&self.inner.options.prefix, name, session.lease, slot);
         let mut queued = QueuedKey {

@@ -41,12 +41,11 @@ impl LockBackend for ZkBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {
-        self.acquire_inner(name, Admission::Exclusive, None, None)
-            .await
+        self.acquire_inner(name, Admission::Exclusive, None).await
     }
 
     async fn acquire(&self, name: &LockName, _ttl: Duration, deadline: Instant) -> Result<Grant> {
-        self.acquire_inner(name, Admission::Exclusive, Some(deadline), None)
+        self.acquire_inner(name, Admission::Exclusive, Some(deadline))
             .await
     }
 
@@ -57,19 +56,7 @@ impl LockBackend for ZkBackend {
         _ttl: Duration,
         deadline: Option<Instant>,
     ) -> Result<Grant> {
-        self.acquire_inner(name, admission, deadline, None).await
-    }
-
-    async fn acquire_announced(
-        &self,
-        name: &LockName,
-        _ttl: Duration,
-        value: &str,
-        deadline: Instant,
-    ) -> Result<Option<Grant>> {
-        self.acquire_inner(name, Admission::Exclusive, Some(deadline), Some(value))
-            .await
-            .map(Some)
+        self.acquire_inner(name, admission, deadline).await
     }
 
     /// The session heartbeat is the renewal; this proves the session alive through the leader

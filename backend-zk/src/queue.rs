@@ -29,22 +29,17 @@ impl ZkBackend {
     /// acquire costs one round trip, not two. A repeat acquire on an idle ensemble may skip the
     /// listing (see [`RepeatGrant`]). After a connection loss during create, finds the node by
     /// its protected prefix *and* our session id before creating another. The node's data is
-    /// the secret, or with `value` the secret and that announced value
-    /// ([`distlock_api::announced_entry`]).
+    /// the secret.
     async fn create_node(
         &self,
         epoch: &Epoch,
         dir: &str,
         secret: &OwnerSecret,
-        value: Option<&str>,
         admission: Admission,
     ) -> Result<(String, Stat, Option<Vec<String>>)> {
         let prefix = node_prefix(dir, secret, admission);
         let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
-        let data = match value {
-            Some(v) => distlock_api::announced_entry(&secret.expose_hex(), v),
-            None => secret.expose_hex(),
-        };
+        let data = secret.expose_hex();
         // The repeat grant's proof holds for an exclusive entry only (one admitted with nothing
         // ahead); a shared one could have been admitted beside holders still there.
         let prior = if admission == Admission::Exclusive {
@@ -154,7 +149,6 @@ impl ZkBackend {
         name: &LockName,
         admission: Admission,
         deadline: Option<Instant>,
-        value: Option<&str>,
     ) -> Result<Grant> {
         let started = Instant::now();
         let epoch = self.epoch().await?;
@@ -178,9 +172,7 @@ impl ZkBackend {
             path: None,
             armed: true,
         };
-        let created = self
-            .create_node(&epoch, &dir, &secret, value, admission)
-            .await;
+        let created = self.create_node(&epoch, &dir, &secret, admission).await;
         let (path, stat, listed) = match created {
             Ok(c) => c,
             Err(e) => {

@@ -160,6 +160,7 @@ macro_rules! for_each_scenario {
             a_cut_off_leader_is_told_first_and_fenced_off: [Need::MonotonicFencing],
             cancelled_campaigns_leave_nothing_and_callbacks_hand_over: [Need::MonotonicFencing],
             a_candidate_cancelled_at_the_head_is_reported_only_until_it_goes: [Need::MonotonicFencing],
+            a_candidate_is_reported_only_once_it_knows_it_leads: [Need::MonotonicFencing],
             a_semaphore_never_admits_more_than_its_permits: [Need::Policies],
             a_dead_holders_permit_returns: [Need::Policies],
             a_killed_holder_process_returns_its_permit: [Need::Policies, Need::ServerProcess],

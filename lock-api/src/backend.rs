@@ -224,22 +224,6 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
         })
     }
 
-    /// Acquires as [`LockBackend::acquire`] does, with `value` in the attempt's own queue entry
-    /// from the start, as [`LockBackend::announce`] would have written it: the grant is announced
-    /// the moment it is granted, with no write after it (leader election's hand-over then costs
-    /// what a lock's does). `Ok(None)`, the default, when the backend writes values only after a
-    /// grant: the caller then acquires and announces. Same cancel safety as `acquire`.
-    async fn acquire_announced(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        value: &str,
-        deadline: Instant,
-    ) -> Result<Option<Grant>> {
-        let _ = (name, ttl, value, deadline);
-        Ok(None)
-    }
-
     /// Writes `value` into the grant's own queue entry, where [`LockBackend::leader`] reads it,
     /// only while the grant (whose fencing token is `token`) still holds: one atomic
     /// check-and-write, `Ok(false)` with nothing written when it does not. The value goes with

@@ -100,7 +100,7 @@ impl LockClient {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire(&self, name: &str, opts: &AcquireOptions) -> Result<Lease> {
-        Ok(self.acquire_inner(name, opts, None, None, None).await?.0)
+        self.acquire_inner(name, opts, None, None).await
     }
 
     /// Takes the lock, waiting up to `timeout`.
@@ -131,10 +131,8 @@ impl LockClient {
         opts: &AcquireOptions,
         timeout: Duration,
     ) -> Result<Lease> {
-        Ok(self
-            .acquire_inner(name, opts, Some(deadline_in(timeout)), None, None)
-            .await?
-            .0)
+        self.acquire_inner(name, opts, Some(deadline_in(timeout)), None)
+            .await
     }
 
     /// Like [`LockClient::acquire`], with an absolute deadline on tokio's clock.
@@ -144,15 +142,10 @@ impl LockClient {
         opts: &AcquireOptions,
         deadline: Instant,
     ) -> Result<Lease> {
-        Ok(self
-            .acquire_inner(name, opts, Some(deadline), None, None)
-            .await?
-            .0)
+        self.acquire_inner(name, opts, Some(deadline), None).await
     }
 
-    /// The one acquire path. With `value` (an election's campaign, always waiting), the backend
-    /// may write it into the queue entry at once; the second output says whether it did.
-    /// `admission` is the policy of a semaphore's or read-write lock's entry
+    /// The one acquire path. `admission` is the policy of a semaphore's or read-write lock's entry
     /// ([`LockBackend::acquire_admitted`]); `None` for a lock (`try_acquire` / `acquire`, each
     /// backend's fastest path).
     #[tracing::instrument(name = "distlock.acquire", skip_all, fields(lock = name, backend = self.backend.kind(), waiting = deadline.is_some()))]
@@ -161,13 +154,10 @@ impl LockClient {
         name: &str,
         opts: &AcquireOptions,
         deadline: Option<Instant>,
-        value: Option<&str>,
         admission: Option<Admission>,
-    ) -> Result<(Lease, bool)> {
+    ) -> Result<Lease> {
         let started = Instant::now();
-        let result = self
-            .acquire_checked(name, opts, deadline, value, admission)
-            .await;
+        let result = self.acquire_checked(name, opts, deadline, admission).await;
         crate::metrics::acquire(
             self.backend.kind(),
             opts.guarantee,
@@ -196,9 +186,8 @@ impl LockClient {
         name: &str,
         opts: &AcquireOptions,
         deadline: Option<Instant>,
-        value: Option<&str>,
         admission: Option<Admission>,
-    ) -> Result<(Lease, bool)> {
+    ) -> Result<Lease> {
         let name = LockName::new(name)?;
         let ttl = self.checked_ttl(opts)?;
         self.check_guarantee(opts.guarantee)?;
@@ -217,21 +206,16 @@ impl LockClient {
                 .and_then(|held| held.downcast::<LeaseShared>().ok())
             && let Some(lease) = reenter(shared)?
         {
-            return Ok((lease, false));
+            return Ok(lease);
         }
-        let (grant, announced) = match (deadline, value) {
-            _ if let Some(admission) = admission => (
+        let grant = match (admission, deadline) {
+            (Some(admission), _) => {
                 self.backend
                     .acquire_admitted(&name, admission, ttl, deadline)
-                    .await?,
-                false,
-            ),
-            (None, _) => (self.backend.try_acquire(&name, ttl).await?, false),
-            (Some(d), Some(v)) => match self.backend.acquire_announced(&name, ttl, v, d).await? {
-                Some(g) => (g, true),
-                None => (self.backend.acquire(&name, ttl, d).await?, false),
-            },
-            (Some(d), None) => (self.backend.acquire(&name, ttl, d).await?, false),
+                    .await?
+            }
+            (None, None) => self.backend.try_acquire(&name, ttl).await?,
+            (None, Some(d)) => self.backend.acquire(&name, ttl, d).await?,
         };
         // From here to the return there is no await: a dropped future cannot leak the grant,
         // because the lease (whose Drop releases) exists before any suspension point.
@@ -244,7 +228,7 @@ impl LockClient {
             ));
         }
         tracing::debug!(token = ?lease.fencing_token(), ttl = ?lease.ttl(), "distlock acquired");
-        Ok((lease, announced))
+        Ok(lease)
     }
 
     fn wrap(

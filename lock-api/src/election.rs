@@ -180,15 +180,12 @@ impl Election {
                 "a leadership is not re-entrant: campaign without an owner",
             ));
         }
-        let (lease, announced) = self
+        // The entry carries no value until its candidate knows it leads, so observers never
+        // report a candidate that cannot know it leads (one cut off, or cancelled as it reached
+        // the head). The price: the announcement's write after the grant.
+        let lease = self
             .client
-            .acquire_inner(
-                self.lock.as_str(),
-                &self.opts,
-                Some(deadline),
-                Some(value),
-                None,
-            )
+            .acquire_inner(self.lock.as_str(), &self.opts, Some(deadline), None)
             .await?;
         let Some(term) = lease.fencing_token() else {
             return Err(LockError::Unsupported {
@@ -204,9 +201,7 @@ impl Election {
             value: value.to_string(),
             election: self.name.clone(),
         };
-        if !announced {
-            leadership.announce(value).await?;
-        }
+        leadership.announce(value).await?;
         tracing::debug!(term = term.0, "distlock elected");
         Ok(leadership)
     }

@@ -150,9 +150,8 @@ impl LockClient {
         admission: Admission,
         deadline: Option<Instant>,
     ) -> Result<Lease> {
-        self.acquire_inner(lock.as_str(), opts, deadline, None, Some(admission))
+        self.acquire_inner(lock.as_str(), opts, deadline, Some(admission))
             .await
-            .map(|(lease, _)| lease)
             .map_err(|e| renamed(e, shown))
     }
 }

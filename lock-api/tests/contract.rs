@@ -95,17 +95,6 @@ impl LockBackend for Probe {
             .acquire_admitted(name, admission, ttl, deadline)
             .await
     }
-    async fn acquire_announced(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        value: &str,
-        deadline: Instant,
-    ) -> distlock_api::Result<Option<Grant>> {
-        self.inner
-            .acquire_announced(name, ttl, value, deadline)
-            .await
-    }
     async fn announce(
         &self,
         key: &GrantKey,

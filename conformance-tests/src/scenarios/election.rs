@@ -286,6 +286,61 @@ pub async fn a_cut_off_leader_is_told_first_and_fenced_off(d: &dyn Deployment) {
     assert!(successor.resign().await.expect("resign"));
 }
 
+/// A candidate is reported as leader only once it knows it leads: a candidate cut off from the
+/// servers when the leader ahead of it resigns holds the head of the queue, but cannot learn it,
+/// so no observer may report it (the name has no announced leader until it learns, or until its
+/// entry goes). Once it is cancelled and reconnected, the next candidate leads and is reported.
+pub async fn a_candidate_is_reported_only_once_it_knows_it_leads(d: &dyn Deployment) {
+    let name = unique("election-unaware");
+    let queue = queue_of(&name);
+    let leader = election(d, &name)
+        .await
+        .campaign("leader")
+        .await
+        .expect("elected");
+    let (backend, cut) = d.cuttable_client().await;
+    let unaware = {
+        let e = distlock_api::LockClient::new(backend)
+            .election(&name)
+            .expect("election")
+            .options(opts(d));
+        tokio::spawn(async move { e.campaign("unaware").await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            d.artifacts(&queue).await == 2
+        })
+        .await,
+        "the second candidate never queued"
+    );
+    cut.cut();
+    let observer = election(d, &name).await;
+    assert!(leader.resign().await.expect("resign"));
+    // Watch for a while: long enough for any backend to show its head, far below any TTL.
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        if let Ok(Some(l)) = observer.leader().await {
+            assert_ne!(
+                l.value, "unaware",
+                "a candidate that cannot know it leads was reported as leader (term {})",
+                l.term
+            );
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    unaware.abort();
+    drop(unaware.await);
+    cut.restore();
+    let next = election(d, &name)
+        .await
+        .campaign_for("next", d.ttl() * 4 + d.expiry_slack())
+        .await
+        .expect("the next candidate is elected");
+    let now = observer.leader().await.expect("leader").map(|l| l.value);
+    assert_eq!(now.as_deref(), Some("next"));
+    assert!(next.resign().await.expect("resign"));
+}
+
 /// A campaign dropped while waiting, and one that times out, leave no candidate; the callback
 /// form runs while leader, resigns when done, and a second replica's callback runs after it.
 pub async fn cancelled_campaigns_leave_nothing_and_callbacks_hand_over(d: &dyn Deployment) {
