@@ -5,8 +5,8 @@
 use distlock_api::LockName;
 use redis::aio::ConnectionLike;
 
-/// The holder's key, the queued waiters and the shared holders' fields (permits, read leases)
-/// of `name` under `prefix`, through any admin connection (a single server's or a cluster's).
+/// The holder's key, the queued waiters (queue and liveness index) and the shared holders'
+/// fields (permits, read leases) of `name` under `prefix`, through any admin connection (a single server's or a cluster's).
 /// The token counter is not counted: it outlives every lease by design.
 ///
 /// # Panics
@@ -18,18 +18,30 @@ pub async fn redis(admin: &mut impl ConnectionLike, prefix: &str, name: &LockNam
         .query_async(admin)
         .await
         .expect("EXISTS");
-    let queued: i64 = redis::cmd("ZCARD")
+    let queued: Vec<String> = redis::cmd("ZRANGE")
         .arg(keys.queue())
+        .arg(0)
+        .arg(-1)
         .query_async(admin)
         .await
-        .expect("ZCARD");
+        .expect("ZRANGE");
+    // The waiters' liveness index names the same waiters: one there but not in the queue is
+    // left behind too (counted once, so a waiter still counts as one entry).
+    let alive: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys.alive())
+        .arg(0)
+        .arg(-1)
+        .query_async(admin)
+        .await
+        .expect("ZRANGE");
+    let stray = alive.iter().filter(|a| !queued.contains(a)).count();
     // Permits and read leases (their fields expire with the hash at the latest).
     let shared: i64 = redis::cmd("HLEN")
         .arg(keys.shared())
         .query_async(admin)
         .await
         .expect("HLEN");
-    (held + queued + shared) as usize
+    held as usize + queued.len() + stray + shared as usize
 }
 
 /// The keys under `name`'s prefix (holder and waiters alike) in etcd.
