@@ -14,7 +14,9 @@
 mod campaign;
 mod check;
 mod client;
+mod deployment;
 mod history;
+mod nemesis;
 mod observer;
 mod report;
 mod resource;
@@ -23,7 +25,9 @@ mod workload;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use campaign::{Deployment, Nemesis, Run};
+use campaign::Run;
+use deployment::Deployment;
+use nemesis::Nemesis;
 use workload::Workload;
 
 fn usage(problem: &str) -> ! {
@@ -116,7 +120,8 @@ fn main() {
 }
 
 /// The short campaign: every deployment under the fault whose hazard the lock must show or
-/// survive, the consensus clusters under a server kill; then each primitive on each backend
+/// survive, the consensus clusters under a server kill (etcd) and a member cut from its peers
+/// (ZooKeeper, the classic follower split); then each primitive on each backend
 /// family (Redis, etcd, ZooKeeper) under a fault that reaches its holders or its waiters.
 fn short_plan() -> Vec<Run> {
     use Deployment::*;
@@ -129,7 +134,7 @@ fn short_plan() -> Vec<Run> {
         (Etcd, PauseClient),
         (Etcd3, KillServer),
         (Zk, DelayClient),
-        (Zk3, KillServer),
+        (Zk3, PartitionMember),
     ]
     .map(|(d, n)| (Workload::Lock, d, n));
     let primitives = [

@@ -4,8 +4,10 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::campaign::{Deployment, Nemesis, RunResult};
+use crate::campaign::RunResult;
+use crate::deployment::Deployment;
 use crate::history::{Event, NEMESIS, RESOURCE};
+use crate::nemesis::Nemesis;
 use crate::workload::Workload;
 
 fn ms(ns: u64) -> String {
@@ -33,7 +35,7 @@ fn latency(r: &RunResult) -> String {
 
 fn verdict(r: &RunResult) -> String {
     let unexpected = r.unexpected();
-    let (lease_hazard, token_hazard) = r.nemesis.expected(r.deployment);
+    let (lease_hazard, token_hazard) = r.deployment.hazards(r.nemesis);
     let f = &r.findings;
     let shown = f.lease_violations() + f.token_violations();
     if unexpected > 0 {

@@ -3,7 +3,7 @@
 
 use distlock::{ELECTION_LOCK_PREFIX, RWLOCK_LOCK_PREFIX, SEMAPHORE_LOCK_PREFIX};
 
-use crate::campaign::Deployment;
+use crate::deployment::Deployment;
 
 /// The name every run uses (each run has servers of its own).
 pub const NAME: &str = "chaos";

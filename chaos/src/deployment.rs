@@ -1,0 +1,432 @@
+//! Where a campaign runs: the deployments, the servers of one run (started as its fault needs
+//! them), their fault hooks, and a raw count of what they hold under a name.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::LockName;
+use distlock_conformance::harness::{
+    ClockOffset, EtcdCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer,
+    ServerProcess, ZkEnsemble,
+};
+use distlock_conformance::leftovers;
+use rand::Rng;
+
+use crate::nemesis::Nemesis;
+
+/// The prefix (etcd, Redis) or root (ZooKeeper, with a `/`) of every run's keys.
+const PREFIX: &str = "chaos";
+
+/// Where a campaign runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deployment {
+    /// One redis-server, stock settings.
+    Redis,
+    /// One redis-server with an append-only file synced at every write: the crash-safe Redis.
+    RedisAof,
+    /// Redlock over 3 masters without persistence (a crash restarts empty).
+    Redlock,
+    /// etcd, one member.
+    Etcd,
+    /// etcd, three members.
+    Etcd3,
+    /// ZooKeeper, standalone.
+    Zk,
+    /// ZooKeeper, three nodes.
+    Zk3,
+    /// A Redis master and one replica (asynchronous replication, no persistence) watched by a
+    /// Sentinel, which promotes the replica when the master dies; clients find the master
+    /// through the Sentinel.
+    RedisSentinel,
+}
+
+/// Every deployment.
+pub const DEPLOYMENTS: [Deployment; 8] = [
+    Deployment::Redis,
+    Deployment::RedisAof,
+    Deployment::RedisSentinel,
+    Deployment::Redlock,
+    Deployment::Etcd,
+    Deployment::Etcd3,
+    Deployment::Zk,
+    Deployment::Zk3,
+];
+
+impl Deployment {
+    /// Its label in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Deployment::Redis => "redis",
+            Deployment::RedisAof => "redis-aof",
+            Deployment::Redlock => "redlock",
+            Deployment::Etcd => "etcd",
+            Deployment::Etcd3 => "etcd3",
+            Deployment::Zk => "zk",
+            Deployment::Zk3 => "zk3",
+            Deployment::RedisSentinel => "redis-sentinel",
+        }
+    }
+
+    /// The faults this deployment runs under: the client faults everywhere (but behind a
+    /// Sentinel, whose clients reach the master directly), server kills where a server runs
+    /// alone or in a quorum, a wall-clock jump where TTLs are counted by a server's clock
+    /// (Redis, Redlock), Redlock's delayed restart, a Sentinel failover, and where there are
+    /// several servers, a client cut from one of them; a member cut from its peers in a quorum.
+    pub fn nemeses(self) -> Vec<Nemesis> {
+        use Nemesis::*;
+        let server: &[Nemesis] = match self {
+            Deployment::RedisSentinel => return vec![Failover],
+            Deployment::Redis => &[KillServer, ClockJump],
+            Deployment::Redlock => &[KillServer, KillServerLate, ClockJump, CutClientMinority],
+            Deployment::Etcd3 | Deployment::Zk3 => {
+                &[KillServer, PartitionMember, CutClientMinority]
+            }
+            _ => &[KillServer],
+        };
+        [PauseClient, KillClient, CutClient, DelayClient, ResetClient]
+            .into_iter()
+            .chain(server.iter().copied())
+            .collect()
+    }
+
+    /// Which violations are the known hazard of fault `n` on this deployment (and so expected),
+    /// as (two holders and what they broke at the resource; tokens, terms and what observers
+    /// report).
+    pub fn hazards(self, n: Nemesis) -> (bool, bool) {
+        match (n, self) {
+            // No lease survives a pause past its TTL without the resource's check: two holders,
+            // and an unfenced write from the stale one (Kleppmann; Jepsen's lock-set).
+            (Nemesis::PauseClient, _) => (true, false),
+            // One server without replication or fsync forgets locks and its token counter, which
+            // then hands out tokens again (the register sees one token from two holders).
+            (Nemesis::KillServer, Deployment::Redis) => (true, true),
+            // A Redlock node restarted empty within the TTL gives a second majority.
+            (Nemesis::KillServer, Deployment::Redlock) => (true, false),
+            // Redis counts a TTL on its wall clock: a step forward expires locks early (one
+            // server: a second holder; Redlock: a second majority where the first had the jumped
+            // node in its majority). Tokens still come from the counter, in order.
+            (Nemesis::ClockJump, Deployment::Redis | Deployment::Redlock) => (true, false),
+            // Asynchronous replication: the promoted replica may lack the last locks and counter
+            // steps (two holders, a token handed out twice).
+            (Nemesis::Failover, Deployment::RedisSentinel) => (true, true),
+            _ => (false, false),
+        }
+    }
+
+    /// The lease TTL clients use (the shortest session a stock ZooKeeper gives is 4 s).
+    pub fn ttl(self) -> Duration {
+        match self {
+            Deployment::Zk | Deployment::Zk3 => Duration::from_secs(4),
+            _ => Duration::from_secs(2),
+        }
+    }
+
+    /// The backend URL over `hosts` (`host:port` each).
+    pub fn url(self, hosts: &[String]) -> String {
+        let all = hosts.join(",");
+        match self {
+            Deployment::Redis | Deployment::RedisAof => {
+                format!("redis://{}?prefix={PREFIX}&op_timeout=1s", hosts[0])
+            }
+            Deployment::Redlock => {
+                format!("redlock://{all}?prefix={PREFIX}&node_timeout=200ms&retry_delay=5ms..30ms")
+            }
+            Deployment::Etcd | Deployment::Etcd3 => {
+                format!("etcd://{all}/{PREFIX}?session_ttl=2s&op_timeout=1s")
+            }
+            Deployment::Zk | Deployment::Zk3 => {
+                format!("zk://{all}?root=/{PREFIX}&session_timeout=4s&op_timeout=1s")
+            }
+            Deployment::RedisSentinel => {
+                format!("redis+sentinel://{all}/{SERVICE}?prefix={PREFIX}&op_timeout=1s")
+            }
+        }
+    }
+}
+
+/// The Sentinel's name for the master.
+const SERVICE: &str = "chaos";
+
+/// The servers of one run.
+pub(crate) struct Servers {
+    pub(crate) kind: Deployment,
+    pub(crate) ports: Vec<u16>,
+    /// Each server's wall clock, where the run moves them (clock jumps).
+    pub(crate) clocks: Vec<ClockOffset>,
+    pub(crate) processes: Box<dyn Fn() -> Vec<Arc<dyn ProcessRef>> + Send + Sync>,
+    pub(crate) leader: Box<dyn Fn() -> Option<usize> + Send + Sync>,
+    /// Cuts (`true`) or heals member i's links to its peers, where the run started them behind
+    /// proxies.
+    pub(crate) isolate: Box<dyn Fn(usize, bool) + Send + Sync>,
+    /// What the servers hold under a lock name, counted raw.
+    pub(crate) leftovers: Box<dyn Fn(LockName) -> BoxFuture<usize> + Send + Sync>,
+    pub(crate) _keep: Box<dyn std::any::Any + Send + Sync>,
+}
+
+/// A server process, whatever harness type owns it.
+pub(crate) trait ProcessRef: Send + Sync {
+    fn process(&self) -> &ServerProcess;
+}
+
+struct Held<T>(Arc<T>, usize);
+
+impl ProcessRef for Held<RedisMasters> {
+    fn process(&self) -> &ServerProcess {
+        self.0.nodes[self.1].process()
+    }
+}
+impl ProcessRef for Held<RedisServer> {
+    fn process(&self) -> &ServerProcess {
+        self.0.process()
+    }
+}
+impl ProcessRef for Held<EtcdCluster> {
+    fn process(&self) -> &ServerProcess {
+        &self.0.members[self.1]
+    }
+}
+impl ProcessRef for Held<(RedisReplicated, RedisSentinel)> {
+    fn process(&self) -> &ServerProcess {
+        let pair = &self.0.0;
+        [&pair.master, &pair.replica][self.1].process()
+    }
+}
+impl ProcessRef for Held<ZkEnsemble> {
+    fn process(&self) -> &ServerProcess {
+        &self.0.nodes[self.1]
+    }
+}
+
+pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// Servers that can say what they hold under a name.
+trait Leftovers: Send + Sync + 'static {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize>;
+}
+
+impl Leftovers for RedisServer {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            let mut admin = self.admin().await.expect("admin connection");
+            leftovers::redis(&mut admin, PREFIX, &name).await
+        })
+    }
+}
+
+impl Leftovers for RedisMasters {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            let mut n = 0;
+            for node in &self.nodes {
+                let mut admin = node.admin().await.expect("admin connection");
+                n += leftovers::redis(&mut admin, PREFIX, &name).await;
+            }
+            n
+        })
+    }
+}
+
+impl Leftovers for (RedisReplicated, RedisSentinel) {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            // The master the Sentinel names now (the replica copies it).
+            let (pair, sentinel) = &*self;
+            let port = sentinel.master_port(SERVICE);
+            let master = [&pair.master, &pair.replica]
+                .into_iter()
+                .find(|s| Some(s.port()) == port)
+                .unwrap_or(&pair.master);
+            let mut admin = master.admin().await.expect("admin connection");
+            leftovers::redis(&mut admin, PREFIX, &name).await
+        })
+    }
+}
+
+impl Leftovers for EtcdCluster {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move { leftovers::etcd_at(&self.endpoints(), PREFIX, &name).await })
+    }
+}
+
+impl Leftovers for ZkEnsemble {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            leftovers::zk_at(&self.connect_string(), &format!("/{PREFIX}"), &name).await
+        })
+    }
+}
+
+fn leftovers_of<T: Leftovers>(
+    s: &Arc<T>,
+) -> Box<dyn Fn(LockName) -> BoxFuture<usize> + Send + Sync> {
+    let s = s.clone();
+    Box::new(move |name| s.clone().count(name))
+}
+
+/// Starts `kind`'s servers as `nemesis` needs them (on shifted clocks, with peer links).
+pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
+    fn refs<T: Send + Sync + 'static>(s: &Arc<T>, n: usize) -> Vec<Arc<dyn ProcessRef>>
+    where
+        Held<T>: ProcessRef,
+    {
+        (0..n)
+            .map(|i| Arc::new(Held(s.clone(), i)) as Arc<dyn ProcessRef>)
+            .collect()
+    }
+    let fail =
+        |e: distlock_conformance::harness::HarnessError| -> ! { panic!("{}: {e}", kind.label()) };
+    let clocks = |n: usize| -> Vec<ClockOffset> {
+        (0..n)
+            .map(|_| ClockOffset::new().unwrap_or_else(|e| fail(e)))
+            .collect()
+    };
+    match (kind, nemesis) {
+        (Deployment::Redis, Nemesis::ClockJump) => {
+            let clocks = clocks(1);
+            let s = Arc::new(RedisServer::start_on_clock(&clocks[0]).unwrap_or_else(|e| fail(e)));
+            let (p, c) = (s.port(), s.clone());
+            Servers {
+                kind,
+                ports: vec![p],
+                clocks,
+                processes: Box::new(move || refs(&c, 1)),
+                leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::Redlock, Nemesis::ClockJump) => {
+            let clocks = clocks(3);
+            let s = Arc::new(RedisMasters::start_on_clocks(&clocks).unwrap_or_else(|e| fail(e)));
+            let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks,
+                processes: Box::new(move || refs(&c, 3)),
+                leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::RedisSentinel, _) => {
+            let pair = RedisReplicated::start().unwrap_or_else(|e| fail(e));
+            let sentinel =
+                RedisSentinel::start(SERVICE, pair.master.port()).unwrap_or_else(|e| fail(e));
+            let ports = vec![sentinel.port()];
+            let s = Arc::new((pair, sentinel));
+            let (c, l) = (s.clone(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, 2)),
+                // The server the Sentinel names as master now.
+                isolate: Box::new(|_, _| {}),
+                leader: Box::new(move || {
+                    let (pair, sentinel) = &*l;
+                    let port = sentinel.master_port(SERVICE)?;
+                    [&pair.master, &pair.replica]
+                        .iter()
+                        .position(|s| s.port() == port)
+                }),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::Redis | Deployment::RedisAof, _) => {
+            // The crash-safe variant differs from stock in what the run exists to vary.
+            let aof: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+            let extra = if kind == Deployment::RedisAof {
+                aof
+            } else {
+                &[]
+            };
+            let s = Arc::new(RedisServer::start_with(extra, None).unwrap_or_else(|e| fail(e)));
+            let (p, c) = (s.port(), s.clone());
+            Servers {
+                kind,
+                ports: vec![p],
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, 1)),
+                leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::Redlock, _) => {
+            let s = Arc::new(RedisMasters::start(3).unwrap_or_else(|e| fail(e)));
+            let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, 3)),
+                leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::Etcd | Deployment::Etcd3, _) => {
+            let n = if kind == Deployment::Etcd { 1 } else { 3 };
+            let s = Arc::new(
+                if nemesis == Nemesis::PartitionMember {
+                    EtcdCluster::start_with_peer_links(n)
+                } else {
+                    EtcdCluster::start(n)
+                }
+                .unwrap_or_else(|e| fail(e)),
+            );
+            let (ports, c, l, cut) = (s.client_ports.clone(), s.clone(), s.clone(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, n)),
+                leader: Box::new(move || l.leader()),
+                isolate: Box::new(move |i, on| cut.isolate(i, on)),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::Zk | Deployment::Zk3, _) => {
+            let n = if kind == Deployment::Zk { 1 } else { 3 };
+            let s = Arc::new(
+                if nemesis == Nemesis::PartitionMember {
+                    ZkEnsemble::start_with_peer_links(n)
+                } else {
+                    ZkEnsemble::start(n)
+                }
+                .unwrap_or_else(|e| fail(e)),
+            );
+            let (ports, c, l, cut) = (s.client_ports.clone(), s.clone(), s.clone(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, n)),
+                leader: Box::new(move || l.leader()),
+                isolate: Box::new(move |i, on| cut.isolate(i, on)),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+    }
+}
+
+/// The server a fault hits this turn: the leader on even turns, a follower on odd ones (any
+/// where there is no leader).
+pub(crate) fn in_turn(servers: &Servers, turn: &mut usize, rng: &mut impl Rng) -> usize {
+    let n = (servers.processes)().len();
+    let i = match (servers.leader)() {
+        Some(l) if *turn % 2 == 0 || n == 1 => l,
+        Some(l) => (l + 1) % n,
+        None => rng.random_range(0..n),
+    };
+    *turn += 1;
+    i
+}
