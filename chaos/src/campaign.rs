@@ -409,7 +409,8 @@ pub fn run(r: Run, length: Duration) -> RunResult {
     );
     let history = history::read(&files);
     let mut findings = check(&history, end, r.workload.shared_limit());
-    findings.leftovers = rt.block_on(left_after_ttl(&servers, r.workload, ttl));
+    (findings.leftovers, findings.clean_after) =
+        rt.block_on(left_after_ttl(&servers, r.workload, ttl));
     RunResult {
         workload: r.workload,
         deployment: kind,
@@ -420,16 +421,18 @@ pub fn run(r: Run, length: Duration) -> RunResult {
     }
 }
 
-/// What the servers still hold under the workload's name once every client was killed and
-/// every TTL passed: looked at until it is nothing, for at most two TTLs (a ZooKeeper session
-/// ends on the server's next tick after its timeout).
-async fn left_after_ttl(servers: &Servers, workload: Workload, ttl: Duration) -> usize {
+/// What the servers still hold under the workload's name once every client was killed, and
+/// how long after the kill they held nothing: looked at until it is nothing, for at most two
+/// TTLs and 10 s (a ZooKeeper session ends on the server's next tick after its timeout; an etcd
+/// lease is revoked through its log, which a loaded machine delays).
+async fn left_after_ttl(servers: &Servers, workload: Workload, ttl: Duration) -> (usize, u64) {
     let name = LockName::new(workload.queue()).expect("the campaign's name is valid");
-    let until = tokio::time::Instant::now() + ttl * 2;
+    let start = tokio::time::Instant::now();
+    let until = start + ttl * 2 + Duration::from_secs(10);
     loop {
         let left = (servers.leftovers)(name.clone()).await;
         if left == 0 || tokio::time::Instant::now() >= until {
-            return left;
+            return (left, start.elapsed().as_nanos() as u64);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -64,12 +64,13 @@ fn columns(workload: Workload) -> Vec<Column> {
         ("operations", |r| r.findings.operations.to_string()),
         ("acquisitions", |r| r.findings.acquisitions.to_string()),
     ];
-    let tail: [Column; 4] = [
+    let tail: [Column; 5] = [
         ("worst unavailability (ms)", |r| {
             ms(r.findings.worst_unavailability)
         }),
         ("lost-signal latency p50 / p99 (ms)", latency),
         ("left on the servers", |r| r.findings.leftovers.to_string()),
+        ("clean after (ms)", |r| ms(r.findings.clean_after)),
         ("verdict", verdict),
     ];
     let middle: Vec<Column> = match workload {
@@ -152,9 +153,10 @@ pub fn markdown(runs: &[RunResult], command: &str, schedule: &str) -> String {
          Permit holders register at the resource while they work and leave at once when their \
          lost signal fires; readers read the register twice and report a change between the two \
          under a live lease; writers and leaders do the lock's work with their token or term; \
-         observers record what `observe()` and `leader()` report. Once every client stopped, the \
+         observers record what `observe()` and `leader()` report. Once every client is killed, the \
          servers are read raw until they hold nothing under the name (keys, queue entries, hash \
-         fields, znodes), for at most two TTLs: anything left then fails the run.\n\n\
+         fields, znodes), for at most two TTLs and 10 s: anything left then fails the run; \
+         `clean after` is how long that took.\n\n\
          A violation is **expected** where it is the known hazard of that fault: no lease \
          survives a pause past its TTL without the resource's own check (the fenced register \
          refuses the stale writer; the unfenced lock-set loses an element; a second permit \

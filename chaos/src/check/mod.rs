@@ -57,6 +57,9 @@ pub struct Findings {
     pub foreign_reports: usize,
     /// Entries, keys or nodes left on the servers at the end (set by the campaign).
     pub leftovers: usize,
+    /// From the last client's kill to the servers holding nothing under the name, in ns (set by
+    /// the campaign).
+    pub clean_after: u64,
     /// The longest time with a client waiting and none holding, in ns.
     pub worst_unavailability: u64,
     /// The longest wait of a writer that was granted, in ns (read-write locks).
@@ -111,6 +114,7 @@ pub fn check(history: &[Entry], end: u64, shared_limit: Option<usize>) -> Findin
         observers_back: observers::going_back(history),
         foreign_reports: observers::foreign_reports(history),
         leftovers: 0,
+        clean_after: 0,
         worst_unavailability: holding::worst_unavailability(&h.waiting, &h.held, end),
         worst_writer_wait: h.worst_writer_wait,
         lost_latencies: holding::lost_latencies(history, &h.held),
