@@ -188,7 +188,7 @@ async fn a_hand_over_to_a_waiter_that_queued_two_back_needs_no_listing_either() 
 /// only once it knows it leads), a window of one local round trip per hand-over, so the bound
 /// is 2 % of the reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_read_during_hand_overs_never_says_nobody() {
+async fn a_leader_read_during_hand_overs_reads_the_next_head() {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use distlock_conformance::harness::LatencyLink;
