@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use distlock::LockName;
 use distlock_conformance::harness::{
-    ClockOffset, EtcdCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer,
-    ServerProcess, ZkEnsemble,
+    ClockOffset, EtcdCluster, HarnessError, RedisMasters, RedisReplicated, RedisSentinel,
+    RedisServer, ServerProcess, ZkEnsemble,
 };
 use distlock_conformance::leftovers;
 use rand::Rng;
@@ -263,18 +263,19 @@ fn leftovers_of<T: Leftovers>(
     Box::new(move |name| s.clone().count(name))
 }
 
+/// The `n` server processes of `s`.
+fn refs<T: Send + Sync + 'static>(s: &Arc<T>, n: usize) -> Vec<Arc<dyn ProcessRef>>
+where
+    Held<T>: ProcessRef,
+{
+    (0..n)
+        .map(|i| Arc::new(Held(s.clone(), i)) as Arc<dyn ProcessRef>)
+        .collect()
+}
+
 /// Starts `kind`'s servers as `nemesis` needs them (on shifted clocks, with peer links).
 pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
-    fn refs<T: Send + Sync + 'static>(s: &Arc<T>, n: usize) -> Vec<Arc<dyn ProcessRef>>
-    where
-        Held<T>: ProcessRef,
-    {
-        (0..n)
-            .map(|i| Arc::new(Held(s.clone(), i)) as Arc<dyn ProcessRef>)
-            .collect()
-    }
-    let fail =
-        |e: distlock_conformance::harness::HarnessError| -> ! { panic!("{}: {e}", kind.label()) };
+    let fail = |e: HarnessError| -> ! { panic!("{}: {e}", kind.label()) };
     let clocks = |n: usize| -> Vec<ClockOffset> {
         (0..n)
             .map(|_| ClockOffset::new().unwrap_or_else(|e| fail(e)))
@@ -371,50 +372,78 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 _keep: Box::new(s),
             }
         }
-        (Deployment::Etcd | Deployment::Etcd3, _) => {
-            let n = if kind == Deployment::Etcd { 1 } else { 3 };
-            let s = Arc::new(
-                if nemesis == Nemesis::PartitionMember {
-                    EtcdCluster::start_with_peer_links(n)
-                } else {
-                    EtcdCluster::start(n)
-                }
-                .unwrap_or_else(|e| fail(e)),
-            );
-            let (ports, c, l, cut) = (s.client_ports.clone(), s.clone(), s.clone(), s.clone());
-            Servers {
-                kind,
-                ports,
-                clocks: Vec::new(),
-                processes: Box::new(move || refs(&c, n)),
-                leader: Box::new(move || l.leader()),
-                isolate: Box::new(move |i, on| cut.isolate(i, on)),
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+        (Deployment::Etcd, _) => quorum::<EtcdCluster>(kind, 1, nemesis),
+        (Deployment::Etcd3, _) => quorum::<EtcdCluster>(kind, 3, nemesis),
+        (Deployment::Zk, _) => quorum::<ZkEnsemble>(kind, 1, nemesis),
+        (Deployment::Zk3, _) => quorum::<ZkEnsemble>(kind, 3, nemesis),
+    }
+}
+
+/// An etcd cluster or a ZooKeeper ensemble, as a run drives it.
+trait Quorum: Leftovers + Sized {
+    fn start(n: usize, peer_links: bool) -> Result<Self, HarnessError>;
+    fn client_ports(&self) -> Vec<u16>;
+    fn leader(&self) -> Option<usize>;
+    fn isolate(&self, i: usize, cut: bool);
+}
+
+impl Quorum for EtcdCluster {
+    fn start(n: usize, peer_links: bool) -> Result<Self, HarnessError> {
+        if peer_links {
+            EtcdCluster::start_with_peer_links(n)
+        } else {
+            EtcdCluster::start(n)
         }
-        (Deployment::Zk | Deployment::Zk3, _) => {
-            let n = if kind == Deployment::Zk { 1 } else { 3 };
-            let s = Arc::new(
-                if nemesis == Nemesis::PartitionMember {
-                    ZkEnsemble::start_with_peer_links(n)
-                } else {
-                    ZkEnsemble::start(n)
-                }
-                .unwrap_or_else(|e| fail(e)),
-            );
-            let (ports, c, l, cut) = (s.client_ports.clone(), s.clone(), s.clone(), s.clone());
-            Servers {
-                kind,
-                ports,
-                clocks: Vec::new(),
-                processes: Box::new(move || refs(&c, n)),
-                leader: Box::new(move || l.leader()),
-                isolate: Box::new(move |i, on| cut.isolate(i, on)),
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+    }
+    fn client_ports(&self) -> Vec<u16> {
+        self.client_ports.clone()
+    }
+    fn leader(&self) -> Option<usize> {
+        EtcdCluster::leader(self)
+    }
+    fn isolate(&self, i: usize, cut: bool) {
+        EtcdCluster::isolate(self, i, cut);
+    }
+}
+
+impl Quorum for ZkEnsemble {
+    fn start(n: usize, peer_links: bool) -> Result<Self, HarnessError> {
+        if peer_links {
+            ZkEnsemble::start_with_peer_links(n)
+        } else {
+            ZkEnsemble::start(n)
         }
+    }
+    fn client_ports(&self) -> Vec<u16> {
+        self.client_ports.clone()
+    }
+    fn leader(&self) -> Option<usize> {
+        ZkEnsemble::leader(self)
+    }
+    fn isolate(&self, i: usize, cut: bool) {
+        ZkEnsemble::isolate(self, i, cut);
+    }
+}
+
+/// `n` members of `T`, with links between them behind proxies where `nemesis` cuts them.
+fn quorum<T: Quorum>(kind: Deployment, n: usize, nemesis: Nemesis) -> Servers
+where
+    Held<T>: ProcessRef,
+{
+    let s = Arc::new(
+        T::start(n, nemesis == Nemesis::PartitionMember)
+            .unwrap_or_else(|e| panic!("{}: {e}", kind.label())),
+    );
+    let (c, l, cut) = (s.clone(), s.clone(), s.clone());
+    Servers {
+        kind,
+        ports: s.client_ports(),
+        clocks: Vec::new(),
+        processes: Box::new(move || refs(&c, n)),
+        leader: Box::new(move || l.leader()),
+        isolate: Box::new(move |i, on| cut.isolate(i, on)),
+        leftovers: leftovers_of(&s),
+        _keep: Box::new(s),
     }
 }
 

@@ -18,22 +18,10 @@ pub async fn redis(admin: &mut impl ConnectionLike, prefix: &str, name: &LockNam
         .query_async(admin)
         .await
         .expect("EXISTS");
-    let queued: Vec<String> = redis::cmd("ZRANGE")
-        .arg(keys.queue())
-        .arg(0)
-        .arg(-1)
-        .query_async(admin)
-        .await
-        .expect("ZRANGE");
+    let queued = members(admin, keys.queue()).await;
     // The waiters' liveness index names the same waiters: one there but not in the queue is
     // left behind too (counted once, so a waiter still counts as one entry).
-    let alive: Vec<String> = redis::cmd("ZRANGE")
-        .arg(keys.alive())
-        .arg(0)
-        .arg(-1)
-        .query_async(admin)
-        .await
-        .expect("ZRANGE");
+    let alive = members(admin, keys.alive()).await;
     let stray = alive.iter().filter(|a| !queued.contains(a)).count();
     // Permits and read leases (their fields expire with the hash at the latest).
     let shared: i64 = redis::cmd("HLEN")
@@ -42,6 +30,17 @@ pub async fn redis(admin: &mut impl ConnectionLike, prefix: &str, name: &LockNam
         .await
         .expect("HLEN");
     held as usize + queued.len() + stray + shared as usize
+}
+
+/// Every member of the sorted set `key`.
+async fn members(admin: &mut impl ConnectionLike, key: impl redis::ToRedisArgs) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(admin)
+        .await
+        .expect("ZRANGE")
 }
 
 /// The keys under `name`'s prefix (holder and waiters alike) in etcd.

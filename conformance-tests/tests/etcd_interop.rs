@@ -12,9 +12,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{AcquireOptions, LockClient, LockError};
+use distlock::{AcquireOptions, LockClient, LockError, LockName};
 use distlock_conformance::deployments::etcd::options;
 use distlock_conformance::harness::{EtcdCluster, TempDir, require};
+use distlock_conformance::leftovers;
 use distlock_etcd::{EtcdBackend, EtcdOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::{Instant, sleep, timeout};
@@ -129,22 +130,8 @@ fn opts() -> AcquireOptions {
 
 /// How many keys (holders and waiters of both recipes) the lock has.
 async fn entries(cluster: &EtcdCluster) -> usize {
-    let admin = etcd_client::Client::connect(cluster.endpoints(), None)
-        .await
-        .expect("admin");
-    let resp = admin
-        .kv_client()
-        .get(
-            format!("{PREFIX}/{NAME}/"),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .expect("count");
-    resp.count() as usize
+    let name = LockName::new(NAME).expect("a valid name");
+    leftovers::etcd_at(&cluster.endpoints(), PREFIX, &name).await
 }
 
 async fn until_entries(cluster: &EtcdCluster, n: usize) {
