@@ -315,14 +315,21 @@ pub async fn a_try_loses_only_to_holders_and_waiters(d: &dyn Deployment) {
         .await
         .expect("the first reader");
     let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicUsize::new(0));
     let mut writers = Vec::new();
     for _ in 0..2 {
-        let (w, stop) = (rwlock(d, &name).await, stop.clone());
+        let (w, stop, started) = (rwlock(d, &name).await, stop.clone(), started.clone());
         writers.push(tokio::spawn(async move {
             let mut tries = 0;
             while !stop.load(Ordering::Relaxed) {
                 match w.try_write().await {
-                    Err(LockError::Busy { .. }) => tries += 1,
+                    Err(LockError::Busy { .. }) => {
+                        tries += 1;
+                        started.fetch_add(1, Ordering::Relaxed);
+                        // The memory store answers without I/O: without a yield, two writers
+                        // would starve the runtime, the reader's watchdog included.
+                        tokio::task::yield_now().await;
+                    }
                     Ok(_) => panic!("a writer beside a reader"),
                     Err(e) => panic!("a writer's try: {e:?}"),
                 }
@@ -331,6 +338,12 @@ pub async fn a_try_loses_only_to_holders_and_waiters(d: &dyn Deployment) {
         }));
     }
     let r = rwlock(d, &name).await;
+    // The readers start once the writers hammer: on the memory store, a reader's 40 tries can
+    // otherwise all end before a writer task was first scheduled.
+    let until = Instant::now() + Duration::from_secs(10);
+    while started.load(Ordering::Relaxed) == 0 && Instant::now() < until {
+        sleep(Duration::from_millis(1)).await;
+    }
     let mut busy = 0;
     for _ in 0..READS {
         match r.try_read().await {
