@@ -15,7 +15,7 @@ use crate::EtcdBackend;
 use crate::keys::parse_attempt_key;
 
 impl EtcdBackend {
-    /// Puts `<secret>:<value>` into our key if it still exists with create revision `token`
+    /// Puts `<secret><holder>:<value>` into our key if it still exists with create revision `token`
     /// (the grant's; a key re-created on the same path has another), on the same session lease.
     pub(crate) async fn announce_entry(
         &self,
@@ -26,7 +26,7 @@ impl EtcdBackend {
         let Some((lease, slot)) = parse_attempt_key(&key.resource) else {
             return Ok(false);
         };
-        let entry = announced_entry(&key.secret.expose_hex(), value);
+        let entry = announced_entry(&key.secret.expose_hex(), &key.holder, value);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 key.resource.as_str(),

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, FencingToken, HolderStatus, LockName, LockStatus, Result, admitted_count,
-    entry_limit,
+    Admission, FencingToken, HolderInfo, HolderStatus, LockName, LockStatus, Result,
+    admitted_count, entry_limit,
 };
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 
@@ -56,6 +56,7 @@ impl EtcdBackend {
                 token: Some(FencingToken(kv.create_revision() as u64)),
                 expires_in,
                 admission: Admission::of_limit(*limit),
+                holder: HolderInfo::in_entry(kv.value()),
             });
         }
         Ok(LockStatus {

@@ -16,8 +16,9 @@
 //! and a slot is never reused while its key may exist, the key path alone identifies one
 //! grant: release is a plain delete. Not a secret: etcd access control decides who may delete.
 //!
-//! An attempt key's value is the attempt's secret; once its holder announces itself as an
-//! election's leader, `<secret>:<value>` ([`distlock_api::announced_entry`]). The value lives in the holder's own
+//! An attempt key's value is the attempt's secret, its limit and its holder
+//! (`<secret>[#<limit>]~<holder>`, [`distlock_api::HolderInfo`]); once its holder announces
+//! itself as an election's leader, `:<value>` after that ([`distlock_api::announced_entry`]). The value lives in the holder's own
 //! key so it goes with it (release, session expiry) and observers read it with the head.
 
 use distlock_api::LockName;

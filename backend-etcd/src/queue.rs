@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, FencingToken, Grant, GrantKey, LockError, LockName, OwnerSecret, RepeatPrior, Result,
+    Admission, FencingToken, Grant, GrantKey, HolderInfo, LockError, LockName, OwnerSecret,
+    RepeatPrior, Result,
 };
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
@@ -174,7 +175,7 @@ impl EtcdBackend {
     }
 
     /// Enqueues an attempt key whose value is the secret with its limit
-    /// ([`Admission::entry_suffix`]) on `session`, and waits until `admission` admits it;
+    /// ([`Admission::entry_suffix`]) and its holder ([`HolderInfo::segment`]) on `session`, and waits until `admission` admits it;
     /// a try (no `deadline`) puts its key only if admitted at once (see `try_acquire.rs`).
     async fn queue_once(
         &self,
@@ -187,7 +188,13 @@ impl EtcdBackend {
         let session = session.clone();
         let prefix = self.name_prefix(name);
         let secret = OwnerSecret::random()?;
-        let entry = format!("{}{}", secret.expose_hex(), admission.entry_suffix());
+        let holder = HolderInfo::now();
+        let entry = format!(
+            "{}{}{}",
+            secret.expose_hex(),
+            admission.entry_suffix(),
+            holder.segment()
+        );
         let slot = session.take_slot(&prefix, &entry);
         let key = attempt_key(&self.inner.options.prefix, name, session.lease, slot);
         let mut queued = QueuedKey {
@@ -218,7 +225,7 @@ impl EtcdBackend {
                 .ok_or_else(|| self.err_text("the try ended without an answer"))?;
             return match tried {
                 Ok(Tried::Put(my_rev)) => {
-                    Ok(self.granted(queued, &secret, name, admission, my_rev))
+                    Ok(self.granted(queued, (&secret, holder), name, admission, my_rev))
                 }
                 Ok(Tried::Refused(e)) => {
                     queued.unused();
@@ -278,7 +285,7 @@ impl EtcdBackend {
                 return Err(e);
             }
         }
-        Ok(self.granted(queued, &secret, name, admission, my_rev))
+        Ok(self.granted(queued, (&secret, holder), name, admission, my_rev))
     }
 
     /// The grant of our queued key, admitted at `my_rev` (its fencing token): no longer ours to
@@ -286,7 +293,7 @@ impl EtcdBackend {
     fn granted(
         &self,
         mut queued: QueuedKey,
-        secret: &OwnerSecret,
+        (secret, holder): (&OwnerSecret, HolderInfo),
         name: &LockName,
         admission: Admission,
         my_rev: i64,
@@ -300,6 +307,7 @@ impl EtcdBackend {
                 name: name.clone(),
                 resource: key,
                 secret: secret.clone(),
+                holder,
             },
             token: Some(FencingToken(my_rev as u64)),
             ttl: queued.session.ttl,

@@ -24,7 +24,8 @@ impl RedisBackend {
             .arg(&key.secret.expose_hex_bytes()[..])
             .arg(token.get())
             .arg(value)
-            .arg(keys.leader());
+            .arg(keys.leader())
+            .arg(key.holder.segment());
         let n: i64 = self.run(&call, &mut self.conn().clone()).await?;
         Ok(n == 1)
     }
@@ -54,10 +55,12 @@ impl RedisBackend {
     }
 }
 
-/// `<secret>:<token>:<value>` to its term and value; `None` for a lock without a value.
+/// `<secret>:<token>[<holder>]:<value>` to its term and value; `None` for a lock without a value.
 fn parse_leader(lock: &str) -> Option<Leader> {
     let (_secret, rest) = lock.split_once(':')?;
     let (token, value) = rest.split_once(':')?;
+    // The holder segment has no `:` of its own (see `scripts`).
+    let token = token.split_once('~').map_or(token, |(t, _)| t);
     Some(Leader {
         term: FencingToken(token.parse().ok()?),
         value: value.to_string(),
@@ -75,5 +78,8 @@ mod tests {
         assert_eq!((l.term.get(), l.value.as_str()), (7, "http://a:1"));
         assert_eq!(parse_leader("ab:x:v"), None);
         assert_eq!(parse_leader("ab:7:").map(|l| l.value), Some(String::new()));
+        assert_eq!(parse_leader("ab:7~1,2,h,c"), None);
+        let l = parse_leader("ab:7~1,2,h,c:v~:x").expect("announced with its holder");
+        assert_eq!((l.term.get(), l.value.as_str()), (7, "v~:x"));
     }
 }

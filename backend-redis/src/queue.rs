@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, FencingToken, Grant, GrantKey, LockError, LockName, OwnerSecret, Result,
+    Admission, FencingToken, Grant, GrantKey, HolderInfo, LockError, LockName, OwnerSecret, Result,
 };
 use tokio::time::Instant;
 
@@ -16,6 +16,9 @@ use crate::scripts::{self, Call};
 
 /// A waiter that stops re-checking (it crashed) is dropped from the queue after this.
 pub(crate) const WAITER_TTL: Duration = Duration::from_secs(3);
+
+/// Whose attempt: the owner secret that proves it and who holds it (written with the grant).
+pub(crate) type Who<'a> = (&'a OwnerSecret, &'a HolderInfo);
 
 /// How an attempt asks for the lock.
 #[derive(Clone, Copy)]
@@ -67,7 +70,7 @@ impl RedisBackend {
     pub(crate) async fn attempt(
         &self,
         keys: &LockKeys,
-        secret: &OwnerSecret,
+        (secret, holder): Who<'_>,
         ttl: Duration,
         ask: Ask,
     ) -> Result<Attempt> {
@@ -81,6 +84,7 @@ impl RedisBackend {
         let mut conn = self.conn.clone();
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let hex = secret.expose_hex_bytes();
+        let who = holder.segment();
         // The queue scripts share their keys (lock, fence, queue, alive; `ADMIT` adds the shared
         // hash) and their first arguments (see `scripts`).
         let queue_call = |lua, shared: bool, waiting: bool, waiter_ttl: Duration| {
@@ -102,21 +106,23 @@ impl RedisBackend {
         let call = match ask {
             Ask::Fenced { waiting } => {
                 let mut call = queue_call(&scripts::ACQUIRE, false, waiting, WAITER_TTL);
-                call.arg(0u8);
+                call.arg(0u8).arg(&who);
                 Some(call)
             }
             Ask::Arbiter { waiter_ttl } => {
                 let mut call = queue_call(&scripts::ACQUIRE, false, true, waiter_ttl);
-                call.arg(1u8);
+                call.arg(1u8).arg(&who);
                 Some(call)
             }
             Ask::Admitted { admission, waiting } => {
                 let mut call = queue_call(&scripts::ADMIT, true, waiting, WAITER_TTL);
-                call.arg(admission.limit()).arg(match admission {
-                    Admission::Exclusive => "x",
-                    Admission::Permit(_) => "p",
-                    Admission::Shared => "s",
-                });
+                call.arg(admission.limit())
+                    .arg(match admission {
+                        Admission::Exclusive => "x",
+                        Admission::Permit(_) => "p",
+                        Admission::Shared => "s",
+                    })
+                    .arg(&who);
                 Some(call)
             }
             Ask::Plain => None,
@@ -124,10 +130,11 @@ impl RedisBackend {
         let outcome: Result<(i64, i64)> = match call {
             Some(call) => self.run(&call, &mut conn).await,
             None => {
-                // `<secret>:0`: the lock value layout (see `scripts`), with no token.
-                let mut value = [b':'; 34];
-                value[..32].copy_from_slice(&hex);
-                value[33] = b'0';
+                // `<secret>:0<holder>`: the lock value layout (see `scripts`), with no token.
+                let mut value = Vec::with_capacity(34 + who.len());
+                value.extend_from_slice(&hex);
+                value.extend_from_slice(b":0");
+                value.extend_from_slice(who.as_bytes());
                 self.with_timeout(
                     redis::cmd("SET")
                         .arg(&keys.lock)
@@ -211,7 +218,7 @@ impl RedisBackend {
         &self,
         name: &LockName,
         resource: String,
-        secret: OwnerSecret,
+        (secret, holder): (OwnerSecret, HolderInfo),
         token: u64,
         ttl: Duration,
         sent_at: Instant,
@@ -221,6 +228,7 @@ impl RedisBackend {
                 name: name.clone(),
                 resource,
                 secret,
+                holder,
             },
             token: Some(FencingToken(token)),
             ttl,

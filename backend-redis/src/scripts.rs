@@ -1,15 +1,17 @@
 //! The server-side scripts. Each runs atomically on the server, which is what makes "check the
 //! owner, then act" safe: nothing can run between the check and the act.
 //!
-//! The lock value is `<secret>:<token>`, and `<secret>:<token>:<value>` once an election's leader
-//! announced `value` ([`ANNOUNCE`]); the secret is always 32 hex characters, so the owner check
-//! compares the first 33 bytes with `<secret>:`.
+//! The lock value is `<secret>:<token><holder>`, and `<secret>:<token><holder>:<value>` once an
+//! election's leader announced `value` ([`ANNOUNCE`]); the secret is always 32 hex characters, so
+//! the owner check compares the first 33 bytes with `<secret>:`. `<holder>` is who holds it
+//! (`~<since>,<pid>,<host>,<command>`, [`distlock_api::HolderInfo`]; no `:` in it), empty in a
+//! value written by another client.
 //!
 //! One queue serves every policy ([`distlock_api::Admission`]): a queued member is the secret,
 //! followed by `#<limit>` when its limit is not 1, so a waiter reads every limit ahead of it from
 //! the queue itself; a "your turn" message goes to the member's first 32 characters. An
 //! exclusive holder (a lock, a writer) is the lock key; shared holders (permits, readers) are the
-//! fields of the name's `shared` hash, `<secret>` -> `<expiry ms>:<token>:<limit>` by the
+//! fields of the name's `shared` hash, `<secret>` -> `<expiry ms>:<token>:<limit><holder>` by the
 //! server's clock, the hash itself kept alive as long as its longest field ([`ADMIT`]).
 //!
 //! Waiters queue in arrival order (a sorted set scored by server time) with a liveness set
@@ -165,7 +167,7 @@ end
 "#;
 
 /// KEYS: lock, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms, turn
-/// channel prefix, arbiter (0/1).
+/// channel prefix, arbiter (0/1), holder segment.
 /// * Nobody queued and the lock free (the common case): INCR the bucket counter, `SET NX PX`,
 ///   return `{1, token}`. Three commands and no read, because on this path every extra command
 ///   measurably costs throughput (each `redis.call` is ~1-3 us of server time against a ~100 us
@@ -195,7 +197,7 @@ local arbiter = ARGV[6] == '1'
 local queued = redis.call('EXISTS', queue) == 1
 if not queued and not arbiter then
   local token = redis.call('INCR', fence)
-  if redis.call('SET', lock, me .. ':' .. token, 'NX', 'PX', ttl) then
+  if redis.call('SET', lock, me .. ':' .. token .. ARGV[7], 'NX', 'PX', ttl) then
     return {{1, token}}
   end
 end
@@ -236,7 +238,7 @@ local token = 0
 if not arbiter then
   token = redis.call('INCR', fence)
 end
-redis.call('SET', lock, me .. ':' .. token, 'PX', ttl)
+redis.call('SET', lock, me .. ':' .. token .. ARGV[7], 'PX', ttl)
 if arbiter then
   join(math.min(wttl, tonumber(ttl)))
 elseif head then
@@ -269,19 +271,21 @@ return 1
     ))
 });
 
-/// KEYS: lock, alive, shared. Reads only: `{token or false, pttl, live waiters, shared}` (the
-/// waiters whose liveness deadline is still ahead, by the server's clock; not the holder, which
-/// a Redlock arbiter keeps at the head of its queue), and `shared` the live shared holders
-/// (permits, readers) as `token, ms left, limit` triples. The secret never leaves the server.
+/// KEYS: lock, alive, shared. Reads only: `{token or false, pttl, live waiters, shared,
+/// holder}` (the waiters whose liveness deadline is still ahead, by the server's clock; not the
+/// holder, which a Redlock arbiter keeps at the head of its queue), `shared` the live shared
+/// holders (permits, readers) as `token, ms left, limit, holder` quadruples, and `holder` the
+/// lock key's holder segment (empty when none). The secret never leaves the server.
 pub static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"{PURGE}
 local now = now_ms()
 local cur = redis.call('GET', KEYS[1])
-local token = false
+local token, who = false, ''
 local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 if cur then
   token = string.match(cur, '^%x+:(%d+)') or false
+  who = string.match(cur, '^%x+:%d+(~[^:]*)') or ''
   local mine = redis.call('ZSCORE', KEYS[2], string.match(cur, '^(%x+):'))
   if mine and tonumber(mine) > now then
     live = live - 1
@@ -290,31 +294,34 @@ end
 local shared = {{}}
 local held = redis.call('HGETALL', KEYS[3])
 for i = 1, #held, 2 do
-  local exp, tok, lim = string.match(held[i + 1], '^(%d+):(%d+):(%d+)$')
+  local exp, tok, lim, w = string.match(held[i + 1], '^(%d+):(%d+):(%d+)(.*)$')
   if exp and tonumber(exp) > now then
     shared[#shared + 1] = tonumber(tok)
     shared[#shared + 1] = tonumber(exp) - now
     shared[#shared + 1] = tonumber(lim)
+    shared[#shared + 1] = w
   end
 end
-return {{token, redis.call('PTTL', KEYS[1]), live, shared}}
+return {{token, redis.call('PTTL', KEYS[1]), live, shared, who}}
 "#
     ))
 });
 
-/// KEYS: lock. ARGV: secret, token, value, leader channel. Writes `<secret>:<token>:<value>`
-/// into the lock, keeping its TTL, if it is still ours with that token (announced before or
-/// not), then tells observers on the leader channel. Returns 1, or 0 (not ours: nothing written).
-/// The value lives in the lock key itself so it expires and is deleted with it.
+/// KEYS: lock. ARGV: secret, token, value, leader channel, holder segment. Writes
+/// `<secret>:<token><holder>:<value>` into the lock, keeping its TTL, if it is still ours with
+/// that token (announced before or not), then tells observers on the leader channel. Returns 1,
+/// or 0 (not ours: nothing written). The value lives in the lock key itself so it expires and is
+/// deleted with it.
 pub static ANNOUNCE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':' .. ARGV[2]
-if not cur or (cur ~= mine and string.sub(cur, 1, #mine + 1) ~= mine .. ':') then
+local after = cur and string.sub(cur, #mine + 1, #mine + 1)
+if not cur or string.sub(cur, 1, #mine) ~= mine or (after ~= '' and after ~= ':' and after ~= '~') then
   return 0
 end
-redis.call('SET', KEYS[1], mine .. ':' .. ARGV[3], 'KEEPTTL')
+redis.call('SET', KEYS[1], mine .. ARGV[5] .. ':' .. ARGV[3], 'KEEPTTL')
 redis.call('PUBLISH', ARGV[4], '1')
 return 1
 "#
@@ -363,9 +370,9 @@ return out
 
 /// KEYS: lock, fence, queue, alive, shared. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms,
 /// turn channel prefix, limit, policy (`x` exclusive: the holder is the lock key; `p` a permit
-/// and `s` a reader: a field of the shared hash). The queue for every policy but a plain lock's
-/// ([`ACQUIRE`], which keeps its three-command fast path; a lock's name never has shared
-/// holders). In order:
+/// and `s` a reader: a field of the shared hash), holder segment. The queue for every policy
+/// but a plain lock's ([`ACQUIRE`], which keeps its three-command fast path; a lock's name never
+/// has shared holders). In order:
 /// * ours already (a retry after a lost reply): refresh, return `{1, token}`;
 /// * the limits ahead of us: the lock key's holder (1), each live shared holder (expired fields
 ///   are dropped), each live waiter queued before us;
@@ -407,12 +414,12 @@ if cur then
 end
 local held = redis.call('HGETALL', shared)
 for i = 1, #held, 2 do
-  local exp, token, lim = string.match(held[i + 1], '^(%d+):(%d+):(%d+)$')
+  local exp, token, lim, who = string.match(held[i + 1], '^(%d+):(%d+):(%d+)(.*)$')
   exp = tonumber(exp)
   if exp <= now then
     redis.call('HDEL', shared, held[i])
   elseif held[i] == me then
-    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. lim)
+    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. lim .. who)
     keep_hash(shared, ttl)
     return {{1, tonumber(token)}}
   else
@@ -446,9 +453,9 @@ end
 if #ahead < smallest then
   local token = redis.call('INCR', fence)
   if policy == 'x' then
-    redis.call('SET', lock, me .. ':' .. token, 'PX', ttl)
+    redis.call('SET', lock, me .. ':' .. token .. ARGV[8], 'PX', ttl)
   else
-    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. limit)
+    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. limit .. ARGV[8])
     keep_hash(shared, ttl)
   end
   redis.call('ZREM', queue, member)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use distlock_api::{Admission, Grant, LockError, LockName, OwnerSecret, Result};
+use distlock_api::{Admission, Grant, HolderInfo, LockError, LockName, OwnerSecret, Result};
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
@@ -32,6 +32,7 @@ impl RedisBackend {
     ) -> Result<Grant> {
         let keys = self.keys(name);
         let secret = OwnerSecret::random()?;
+        let holder = HolderInfo::now();
         let started = Instant::now();
         let mut released: Option<Subscription> = None;
         let waiting = deadline.is_some();
@@ -44,7 +45,7 @@ impl RedisBackend {
             waiting.then(|| QueueGuard::new(self, &keys, queue_member(&secret, admission)));
         loop {
             let sent = Instant::now();
-            let pttl_ms = match self.attempt(&keys, &secret, ttl, ask).await {
+            let pttl_ms = match self.attempt(&keys, (&secret, &holder), ttl, ask).await {
                 Ok(Attempt::Granted(token)) => {
                     // The script took us out of the queue with the grant.
                     QueueGuard::keep_if_any(queued);
@@ -53,7 +54,7 @@ impl RedisBackend {
                     } else {
                         keys.lock
                     };
-                    return Ok(self.grant(name, resource, secret, token, ttl, sent));
+                    return Ok(self.grant(name, resource, (secret, holder), token, ttl, sent));
                 }
                 Ok(Attempt::Mismatch { theirs }) => {
                     // The script took us out of the queue.

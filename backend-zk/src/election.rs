@@ -19,7 +19,7 @@ use crate::paths::{lock_dir, owned_by};
 type HeadState = Option<(String, i32)>;
 
 impl ZkBackend {
-    /// Sets `<secret>:<value>` on our node; `false` when the node is gone (released, or its
+    /// Sets `<secret><holder>:<value>` on our node; `false` when the node is gone (released, or its
     /// session expired). The path is unique to this grant (sequential), so no other check is
     /// needed.
     pub(crate) async fn announce_node(&self, key: &GrantKey, value: &str) -> Result<bool> {
@@ -27,7 +27,7 @@ impl ZkBackend {
             return Ok(false);
         }
         let epoch = self.epoch().await?;
-        let data = announced_entry(&key.secret.expose_hex(), value);
+        let data = announced_entry(&key.secret.expose_hex(), &key.holder, value);
         match self
             .call(epoch.client.set_data(&key.resource, data.as_bytes(), None))
             .await

@@ -1,9 +1,9 @@
 //! Reading a lock without touching it: the name's queue nodes after a `sync` (so a follower's
-//! stale view is never reported), and the lowest one's czxid (the holder's token). How long the
-//! holder's session lives is its own client's business: not reported.
+//! stale view is never reported), and each holder's node data (who holds it) and czxid (its
+//! token). How long the holder's session lives is its own client's business: not reported.
 
 use distlock_api::{
-    Admission, FencingToken, HolderStatus, LockName, LockStatus, Result, admitted_count,
+    Admission, FencingToken, HolderInfo, HolderStatus, LockName, LockStatus, Result, admitted_count,
 };
 use zookeeper_client::Error as ZkError;
 
@@ -55,14 +55,16 @@ impl ZkBackend {
             let admitted = admitted_count(&limits);
             let mut holders = Vec::with_capacity(admitted);
             for (node, limit) in queue.iter().zip(&limits).take(admitted) {
-                match self.call(epoch.client.check_stat(node)).await? {
-                    Some(stat) => holders.push(HolderStatus {
+                match self.call(epoch.client.get_data(node)).await {
+                    Ok((data, stat)) => holders.push(HolderStatus {
                         token: Some(FencingToken(stat.czxid as u64)),
                         expires_in: None,
                         admission: Admission::of_limit(*limit),
+                        holder: HolderInfo::in_entry(&data),
                     }),
                     // A holder left since the listing: the queue moved on, read it again.
-                    None => continue 'listing,
+                    Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => continue 'listing,
+                    Err(e) => return Err(e),
                 }
             }
             return Ok(LockStatus {

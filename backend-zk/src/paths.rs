@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `<root>` | persistent | created once, holds nothing |
 //! | `<root>/<encoded name>` | container | the lock's queue; ZooKeeper deletes an empty container by itself, so names do not leak znodes |
-//! | `<root>/<encoded name>/_c_<attempt>[#<limit>]-lock-<seq>` | ephemeral sequential | one per acquire attempt, the queue entry; data = owner secret; the lowest sequence holds a lock |
+//! | `<root>/<encoded name>/_c_<attempt>[#<limit>]-lock-<seq>` | ephemeral sequential | one per acquire attempt, the queue entry; data = owner secret and holder (`<secret>~<holder>`, [`distlock_api::HolderInfo`]), then `:<value>` once an election's leader announced; the lowest sequence holds a lock |
 //!
 //! `#<limit>` is the entry's admission limit ([`distlock_api::Admission::entry_suffix`]; none
 //! for a lock's or a writer's entry, whose limit is 1): in the name, so one listing tells a

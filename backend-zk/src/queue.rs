@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, FencingToken, Grant, GrantKey, LockError, LockName, OwnerSecret, Result,
+    Admission, FencingToken, Grant, GrantKey, HolderInfo, LockError, LockName, OwnerSecret, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
@@ -29,17 +29,18 @@ impl ZkBackend {
     /// acquire costs one round trip, not two. A repeat acquire on an idle ensemble may skip the
     /// listing (see [`RepeatGrant`]). After a connection loss during create, finds the node by
     /// its protected prefix *and* our session id before creating another. The node's data is
-    /// the secret.
+    /// the secret and who holds it ([`HolderInfo::segment`]).
     async fn create_node(
         &self,
         epoch: &Epoch,
         dir: &str,
         secret: &OwnerSecret,
         admission: Admission,
+        holder: &HolderInfo,
     ) -> Result<(String, Stat, Option<Vec<String>>)> {
         let prefix = node_prefix(dir, secret, admission);
         let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
-        let data = secret.expose_hex();
+        let data = format!("{}{}", secret.expose_hex(), holder.segment());
         // The repeat grant's proof holds for an exclusive entry only (one admitted with nothing
         // ahead); a shared one could have been admitted beside holders still there.
         let prior = if admission == Admission::Exclusive {
@@ -160,6 +161,7 @@ impl ZkBackend {
             self.admits_now(&epoch, &dir, name, admission).await?;
         }
         let secret = OwnerSecret::random()?;
+        let holder = HolderInfo::now();
         let sent = Instant::now();
         // Armed before the create is sent: if this future is dropped mid-create, the cleanup
         // finds the node by its protected prefix (requests of one session run in order, so the
@@ -172,7 +174,9 @@ impl ZkBackend {
             path: None,
             armed: true,
         };
-        let created = self.create_node(&epoch, &dir, &secret, admission).await;
+        let created = self
+            .create_node(&epoch, &dir, &secret, admission, &holder)
+            .await;
         let (path, stat, listed) = match created {
             Ok(c) => c,
             Err(e) => {
@@ -239,6 +243,7 @@ impl ZkBackend {
                 name: name.clone(),
                 resource: path,
                 secret,
+                holder,
             },
             token: Some(FencingToken(stat.czxid as u64)),
             ttl: session,

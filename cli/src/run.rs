@@ -77,6 +77,9 @@ pub async fn run(locks: &Locks, args: &Held, kind: Kind) -> ExitCode {
             return ExitCode::from(exit::UNAVAILABLE);
         }
     };
+    // `status` names each holder by the command it runs, not by `distlock`'s own arguments
+    // (which may carry a URL with a password).
+    distlock::describe_process(&command_line(&args.command));
     let acquire = acquire(locks, args, &kind);
     let notice = async {
         tokio::time::sleep(NOTICE_AFTER).await;
@@ -391,4 +394,14 @@ fn code(status: ExitStatus) -> u8 {
 /// Releases, waiting a bounded time (a failed release frees the lock at its TTL).
 async fn release(lease: Lease) {
     let _ = tokio::time::timeout(RELEASE_LIMIT, lease.release()).await;
+}
+
+/// The command as a shell would take it back (quoted by `shlex`, the quoting `cc` and
+/// `bindgen` use; an argument with a NUL, which no shell can pass, is shown lossily).
+fn command_line(command: &[std::ffi::OsString]) -> String {
+    let words: Vec<String> = command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" "))
 }

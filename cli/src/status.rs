@@ -1,8 +1,10 @@
-//! `distlock status`: each name's holders (token, time to live, what each holds) and waiters,
-//! read without touching anything. A name is shown as a lock, or as each other kind (semaphore,
+//! `distlock status`: each name's holders (token, time to live, what each holds, and who: host,
+//! pid, command and since when, as the holder wrote them) and waiters, read without touching
+//! anything. A name is shown as a lock, or as each other kind (semaphore,
 //! read-write lock, election: see `kind.rs`) in use under it.
 
 use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use distlock::{Admission, HolderStatus, LockClient, LockStatus, Locks};
 
@@ -38,7 +40,9 @@ pub async fn status(locks: &Locks, args: StatusArgs) -> ExitCode {
         let list: Vec<serde_json::Value> = rows.iter().map(|r| json(r, backend)).collect();
         println!("{}", serde_json::Value::Array(list));
     } else {
-        println!("name\tkind\tstate\ttoken\texpires in\twaiters\t({backend})");
+        println!(
+            "name\tkind\tstate\ttoken\texpires in\twaiters\tsince\thost\tpid\tcommand\t({backend})"
+        );
         for r in &rows {
             for l in lines(r) {
                 println!("{l}");
@@ -88,6 +92,13 @@ fn json(r: &Row<'_>, backend: &str) -> serde_json::Value {
                 "token": h.token.map(|t| t.get()),
                 "expires_in_ms": h.expires_in.map(|d| d.as_millis() as u64),
                 "holds": held_as(r.kind, h),
+                "holder": h.holder.as_ref().map(|w| serde_json::json!({
+                    "host": w.host,
+                    "pid": w.pid,
+                    "command": w.command,
+                    "since": since(w.since),
+                    "since_ms": w.since.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+                })),
             })
         })
         .collect();
@@ -108,14 +119,30 @@ fn lines(r: &Row<'_>) -> Vec<String> {
     let dash = || "-".to_string();
     let waiters = r.status.waiters;
     if r.status.holders.is_empty() {
-        return vec![format!("{}\t{}\tfree\t-\t-\t{waiters}", r.name, r.kind)];
+        return vec![format!(
+            "{}\t{}\tfree\t-\t-\t{waiters}\t-\t-\t-\t-",
+            r.name, r.kind
+        )];
     }
     r.status
         .holders
         .iter()
         .map(|h| {
+            // An entry written by another language's recipe names nobody.
+            let who = h.holder.as_ref().map_or_else(
+                || "-\t-\t-\t-".to_string(),
+                |w| {
+                    format!(
+                        "{}\t{}\t{}\t{}",
+                        since(w.since),
+                        w.host,
+                        w.pid,
+                        w.command.replace(['\t', '\n'], " ")
+                    )
+                },
+            );
             format!(
-                "{}\t{}\theld ({})\t{}\t{}\t{waiters}",
+                "{}\t{}\theld ({})\t{}\t{}\t{waiters}\t{who}",
                 r.name,
                 r.kind,
                 held_as(r.kind, h),
@@ -124,4 +151,9 @@ fn lines(r: &Row<'_>) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// When a holder took its entry, by its own clock: RFC 3339 in UTC, to the second.
+fn since(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
 }

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlock::{LockClient, connect};
 use distlock_conformance::deployment::{Cut, ProxyCut};
@@ -736,9 +736,10 @@ async fn an_operators_first_hour() {
 }
 
 /// `status` of a name used with `run --limit 2` shows the semaphore's two permits (their
-/// tokens) and its waiter, not "free".
+/// tokens, and who holds each: this host, the pid of the `distlock` that holds it, the command
+/// it runs, since when) and its waiter, not "free".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_shows_every_permit_and_the_waiters() {
+async fn status_shows_every_permit_who_holds_it_and_the_waiters() {
     let s = servers().await;
     for url in urls(&s, direct) {
         let name = unique("status-permits");
@@ -746,7 +747,7 @@ async fn status_shows_every_permit_and_the_waiters() {
         for _ in 0..3 {
             runs.push(
                 distlock(&url)
-                    .args(["run", &name, "--limit", "2", "--", "sleep", "3"])
+                    .args(["run", &name, "--limit", "2", "--", "sh", "-c", "sleep 3"])
                     .spawn()
                     .expect("spawn"),
             );
@@ -776,6 +777,36 @@ async fn status_shows_every_permit_and_the_waiters() {
                 .iter()
                 .all(|h| h["holds"] == "permit of 2" && h["token"].is_u64()),
             "{url}: {seen}"
+        );
+        let pids: Vec<u64> = runs.iter().filter_map(|r| r.id().map(u64::from)).collect();
+        let host = distlock::HolderInfo::now().host;
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64;
+        for h in holders {
+            let who = &h["holder"];
+            assert_eq!(who["host"], host.as_str(), "{url}: {seen}");
+            assert!(
+                who["pid"].as_u64().is_some_and(|p| pids.contains(&p)),
+                "{url}: {seen}"
+            );
+            assert_eq!(who["command"], "sh -c 'sleep 3'", "{url}: {seen}");
+            let since = who["since_ms"].as_u64().expect("since_ms");
+            assert!(since <= now_ms && now_ms - since < 20_000, "{url}: {seen}");
+        }
+        let text = distlock(&url)
+            .args(["status", &name])
+            .output()
+            .await
+            .expect("status");
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.ends_with("\tsh -c 'sleep 3'"))
+                .count(),
+            2,
+            "{url}: {text}"
         );
         for mut r in runs {
             assert_eq!(r.wait().await.expect("run").code(), Some(0), "{url}");

@@ -153,6 +153,7 @@ macro_rules! for_each_scenario {
             correctness_is_granted_only_where_declared: [],
             inspection_reports_the_holder_and_its_waiters: [],
             inspection_reports_every_holder_of_a_semaphore_and_a_rwlock: [Need::Policies],
+            inspection_names_who_holds: [],
             one_leader_at_a_time_with_increasing_terms: [Need::MonotonicFencing],
             observers_agree_on_every_leader_in_order: [Need::MonotonicFencing],
             a_resigned_leader_hands_over_promptly: [Need::MonotonicFencing],

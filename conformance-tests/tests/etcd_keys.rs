@@ -66,6 +66,7 @@ async fn keys_are_reused_only_once_free() {
         name: name.clone(),
         resource: fourth.backend_key().to_string(),
         secret: OwnerSecret::random().expect("rng"),
+        holder: distlock::HolderInfo::now(),
     };
     assert!(!backend.release(&forged).await.expect("release call"));
     let mut admin = backend.client();

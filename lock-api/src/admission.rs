@@ -107,13 +107,15 @@ pub fn admitted_count(limits: &[u32]) -> usize {
         .count()
 }
 
-/// The limit recorded in entry data `<secret>[#<limit>][:<value>]` ([`Admission::entry_suffix`]);
-/// 1 when none is, or when it does not parse (a lock's entry, written before policies existed).
+/// The limit recorded in entry data `<secret>[#<limit>][~<holder>][:<value>]`
+/// ([`Admission::entry_suffix`], [`crate::HolderInfo`]); 1 when none is, or when it does not
+/// parse (a lock's entry, written before policies existed).
 pub fn entry_limit(entry: &[u8]) -> u32 {
-    let head = entry
+    let head = crate::holder::head(entry);
+    let head = head
         .iter()
-        .position(|b| *b == b':')
-        .map_or(entry, |at| &entry[..at]);
+        .position(|b| *b == b'~')
+        .map_or(head, |at| &head[..at]);
     head.iter()
         .position(|b| *b == b'#')
         .and_then(|at| std::str::from_utf8(&head[at + 1..]).ok())

@@ -11,6 +11,7 @@ use crate::admission::Admission;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::Capabilities;
+use crate::holder::HolderInfo;
 use crate::leader::Leader;
 use crate::name::LockName;
 use crate::secret::OwnerSecret;
@@ -25,6 +26,8 @@ pub struct GrantKey {
     pub resource: String,
     /// The proof of ownership written into the backend (never logged).
     pub secret: OwnerSecret,
+    /// Who holds it, as written with the entry (an announcement writes it again).
+    pub holder: HolderInfo,
 }
 
 /// A granted lock, as a backend reports it to the generic layer that wraps it in a
@@ -76,6 +79,9 @@ pub struct HolderStatus {
     pub expires_in: Option<Duration>,
     /// What it holds: a lock or a writer ([`Admission::Exclusive`]), a permit of N, or a read.
     pub admission: Admission,
+    /// Who holds it (host, process, command, since when), as the holder wrote it; `None` for
+    /// an entry that records none (another language's recipe, an older version).
+    pub holder: Option<HolderInfo>,
 }
 
 /// Result of a renewal.

@@ -45,18 +45,19 @@ const BACKSTOP: Duration = Duration::from_secs(2);
 const RETRY_AFTER: Duration = Duration::from_millis(200);
 
 /// A queue entry's data once its holder announced `value`, for backends whose entry holds the
-/// owner secret (etcd's attempt key, ZooKeeper's node): `<secret>:<value>`. The secret stays
-/// first, so the entry still names its writer ([`entry_written_by`]).
-pub fn announced_entry(secret_hex: &str, value: &str) -> String {
-    format!("{secret_hex}:{value}")
+/// owner secret (etcd's attempt key, ZooKeeper's node): `<secret><holder>:<value>`, `holder`
+/// being the grant's [`crate::HolderInfo::segment`]. The secret stays first, so the entry still
+/// names its writer ([`entry_written_by`]).
+pub fn announced_entry(secret_hex: &str, holder: &crate::HolderInfo, value: &str) -> String {
+    format!("{secret_hex}{}:{value}", holder.segment())
 }
 
 /// Whether entry data was written by the attempt owning `secret_hex`, announced or not, with
-/// its limit or not ([`crate::Admission::entry_suffix`]).
+/// its limit and holder or not ([`crate::Admission::entry_suffix`], [`crate::HolderInfo`]).
 pub fn entry_written_by(entry: &[u8], secret_hex: &str) -> bool {
     entry
         .strip_prefix(secret_hex.as_bytes())
-        .is_some_and(|rest| rest.first().is_none_or(|b| *b == b':' || *b == b'#'))
+        .is_some_and(|rest| rest.first().is_none_or(|b| matches!(b, b':' | b'#' | b'~')))
 }
 
 /// The value announced in entry data ([`announced_entry`]), if any.
@@ -434,7 +435,9 @@ mod tests {
 
     #[test]
     fn an_announced_value_is_read_back_and_keeps_its_writer() {
-        let entry = announced_entry("ab12", "http://10.0.0.7:8080");
+        let holder = crate::HolderInfo::now();
+        let entry = announced_entry("ab12", &holder, "http://10.0.0.7:8080");
+        assert_eq!(crate::HolderInfo::in_entry(entry.as_bytes()), Some(holder));
         assert_eq!(
             announced_value(entry.as_bytes()).as_deref(),
             Some("http://10.0.0.7:8080")

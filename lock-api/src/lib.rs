@@ -54,6 +54,7 @@ mod election;
 mod error;
 mod fencing;
 mod guarantee;
+mod holder;
 mod leader;
 mod lease;
 mod margins;
@@ -85,6 +86,7 @@ pub use fencing::{Fence, FencingToken, StaleToken};
 /// `futures` dependency of their own.
 pub use futures_util::{Stream, StreamExt, stream::BoxStream};
 pub use guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
+pub use holder::{HolderInfo, MAX_COMMAND_BYTES, describe_process};
 pub use leader::Leader;
 pub use lease::Lease;
 pub use margins::{LeaseMode, Margins};

@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    Admission, Capabilities, Fencing, Grant, GrantKey, Guarantee, HolderStatus, LockBackend,
-    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    Admission, Capabilities, Fencing, Grant, GrantKey, Guarantee, HolderInfo, HolderStatus,
+    LockBackend, LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
 use futures_util::future::join_all;
 use tokio::time::Instant;
@@ -185,7 +185,7 @@ impl RedlockBackend {
         &self,
         name: &LockName,
         keys: LockKeys,
-        secret: OwnerSecret,
+        (secret, holder): (OwnerSecret, HolderInfo),
         ttl: Duration,
         start: Instant,
     ) -> Grant {
@@ -194,6 +194,7 @@ impl RedlockBackend {
                 name: name.clone(),
                 resource: keys.lock,
                 secret,
+                holder,
             },
             // No token: per-node counters are not one sequence (see the module docs).
             token: None,
@@ -215,11 +216,11 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Grant> {
-        let secret = OwnerSecret::random()?;
+        let (secret, holder) = (OwnerSecret::random()?, HolderInfo::now());
         // Every node has the same key layout (one prefix for all): built once per acquire.
         let keys = self.nodes[0].keys(name);
-        match self.round(&keys, &secret, ttl).await? {
-            (true, start) => Ok(self.grant(name, keys, secret, ttl, start)),
+        match self.round(&keys, (&secret, &holder), ttl).await? {
+            (true, start) => Ok(self.grant(name, keys, (secret, holder), ttl, start)),
             (false, _) => Err(LockError::Busy {
                 name: name.to_string(),
             }),
@@ -227,13 +228,13 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
-        let secret = OwnerSecret::random()?;
+        let (secret, holder) = (OwnerSecret::random()?, HolderInfo::now());
         let started = Instant::now();
         let keys = self.nodes[0].keys(name);
         // The first round goes to all nodes at once: an uncontended acquire is one round trip
         // and subscribes to nothing.
-        if let (true, start) = self.round(&keys, &secret, ttl).await? {
-            return Ok(self.grant(name, keys, secret, ttl, start));
+        if let (true, start) = self.round(&keys, (&secret, &holder), ttl).await? {
+            return Ok(self.grant(name, keys, (secret, holder), ttl, start));
         }
         // The first round counts: `retry_count` 1 is one round, and then nothing was queued.
         if self.out_of_time(1, deadline) {
@@ -245,13 +246,13 @@ impl LockBackend for RedlockBackend {
             queue_member(&secret, None),
         );
         match self
-            .wait(name, &keys, &secret, ttl, deadline, started)
+            .wait(name, &keys, (&secret, &holder), ttl, deadline, started)
             .await
         {
             Ok(start) => {
                 // The release leaves the arbiter's queue (a waiter it granted stays at the head).
                 queued.keep();
-                Ok(self.grant(name, keys, secret, ttl, start))
+                Ok(self.grant(name, keys, (secret, holder), ttl, start))
             }
             Err(e) => {
                 queued.leave().await;
@@ -306,11 +307,13 @@ impl LockBackend for RedlockBackend {
     }
 
     /// Every node read at once: held while a majority holds (until the majority's shortest
-    /// `PTTL` among the longest ones runs out), no token; the waiters queue on the arbiter.
+    /// `PTTL` among the longest ones runs out), no token, by the holder a majority names (none
+    /// when the nodes disagree, as in a split vote); the waiters queue on the arbiter.
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let answers = join_all(self.nodes.iter().map(|n| n.inspect_lock(name))).await;
         let arbiter = self.arbiter(name);
         let mut left: Vec<Duration> = Vec::new();
+        let mut named: Vec<HolderInfo> = Vec::new();
         let mut answered = 0;
         let mut waiters = 0;
         let mut failure = None;
@@ -323,6 +326,7 @@ impl LockBackend for RedlockBackend {
                     }
                     if let Some(h) = status.holder() {
                         left.push(h.expires_in.unwrap_or(Duration::MAX));
+                        named.extend(h.holder.clone());
                     }
                 }
                 Err(e) => failure = Some(e),
@@ -334,6 +338,10 @@ impl LockBackend for RedlockBackend {
             return Err(e);
         }
         left.sort_unstable_by(|a, b| b.cmp(a));
+        let holder = named
+            .iter()
+            .find(|h| named.iter().filter(|o| o == h).count() >= self.quorum())
+            .cloned();
         Ok(LockStatus {
             holders: left
                 .get(self.quorum() - 1)
@@ -341,6 +349,7 @@ impl LockBackend for RedlockBackend {
                     token: None,
                     expires_in: (*d != Duration::MAX).then_some(*d),
                     admission: Admission::Exclusive,
+                    holder,
                 })
                 .into_iter()
                 .collect(),

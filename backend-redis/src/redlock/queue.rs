@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use distlock_api::{LockName, OwnerSecret, Result};
+use distlock_api::{LockName, Result};
 use futures_util::future::{join_all, select_all};
 use rand::Rng;
 use tokio::time::Instant;
 
 use crate::keys::LockKeys;
 use crate::notify::Subscription;
-use crate::queue::{Ask, Attempt, WAITER_TTL};
+use crate::queue::{Ask, Attempt, WAITER_TTL, Who};
 
 use super::vote::{RoundGuard, Tally};
 use super::{RedlockBackend, Waking, timed_out, validity};
@@ -40,15 +40,13 @@ impl RedlockBackend {
     pub(super) async fn queued_round(
         &self,
         keys: &LockKeys,
-        secret: &OwnerSecret,
+        who: Who<'_>,
         ttl: Duration,
         told: bool,
     ) -> (Result<(bool, Instant)>, bool) {
         let start = Instant::now();
-        let guard = RoundGuard::arm(self, keys, secret);
-        let outcome = self
-            .queued_round_inner(keys, secret, ttl, told, start)
-            .await;
+        let guard = RoundGuard::arm(self, keys, who.0);
+        let outcome = self.queued_round_inner(keys, who, ttl, told, start).await;
         guard.disarm();
         outcome
     }
@@ -56,7 +54,7 @@ impl RedlockBackend {
     pub(super) async fn queued_round_inner(
         &self,
         keys: &LockKeys,
-        secret: &OwnerSecret,
+        who: Who<'_>,
         ttl: Duration,
         told: bool,
         start: Instant,
@@ -65,9 +63,9 @@ impl RedlockBackend {
         let queue = Ask::Arbiter {
             waiter_ttl: self.waiter_ttl(),
         };
-        let ask_arbiter = self.nodes[arbiter].attempt(keys, secret, ttl, queue);
+        let ask_arbiter = self.nodes[arbiter].attempt(keys, who, ttl, queue);
         let (answer, others) = if told {
-            let others = self.ask(keys, secret, ttl, self.others(arbiter));
+            let others = self.ask(keys, who, ttl, self.others(arbiter));
             let (answer, others) = tokio::join!(ask_arbiter, others);
             (answer, Some(others))
         } else {
@@ -79,21 +77,21 @@ impl RedlockBackend {
             // release tells the head). (A limit mismatch needs a permit: Redlock asks none.)
             Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. }) => match others {
                 Some(t) if t.granted + t.silent.len() > 0 => (
-                    self.refused(keys, secret, start, &t.silent, Waking::Nobody)
+                    self.refused(keys, who.0, start, &t.silent, Waking::Nobody)
                         .await,
                     true,
                 ),
                 _ => (Ok((false, start)), true),
             },
             Ok(Attempt::Granted(_)) => (
-                self.hold_arbiter(keys, secret, ttl, start, arbiter, others)
+                self.hold_arbiter(keys, who, ttl, start, arbiter, others)
                     .await,
                 true,
             ),
             Err(_) => {
                 let rest = match others {
-                    Some(tally) => self.decide(keys, secret, ttl, start, tally).await,
-                    None => self.vote(keys, secret, ttl, start, Some(arbiter)).await,
+                    Some(tally) => self.decide(keys, who.0, ttl, start, tally).await,
+                    None => self.vote(keys, who, ttl, start, Some(arbiter)).await,
                 };
                 (rest, false)
             }
@@ -108,7 +106,7 @@ impl RedlockBackend {
     pub(super) async fn hold_arbiter(
         &self,
         keys: &LockKeys,
-        secret: &OwnerSecret,
+        who: Who<'_>,
         ttl: Duration,
         start: Instant,
         arbiter: usize,
@@ -125,7 +123,7 @@ impl RedlockBackend {
                     if round > 0 {
                         tokio::time::sleep(ARBITER_HOLD_PAUSE).await;
                     }
-                    self.ask(keys, secret, ttl, ask.iter().copied()).await
+                    self.ask(keys, who, ttl, ask.iter().copied()).await
                 }
             };
             granted += tally.granted;
@@ -147,7 +145,7 @@ impl RedlockBackend {
         } else {
             Waking::Nobody
         };
-        self.refused(keys, secret, start, &silent, waking).await
+        self.refused(keys, who.0, start, &silent, waking).await
     }
 
     /// Every node but `arbiter`.
@@ -184,7 +182,7 @@ impl RedlockBackend {
         &self,
         name: &LockName,
         keys: &LockKeys,
-        secret: &OwnerSecret,
+        who: Who<'_>,
         ttl: Duration,
         deadline: Instant,
         started: Instant,
@@ -195,7 +193,7 @@ impl RedlockBackend {
         // Subscribed before the next round (at once) joins the queue, so a turn told since the
         // first round is kept. A node that cannot subscribe just does not wake us.
         let (turn, announced) = tokio::join!(
-            self.nodes[arbiter].subscribe_turn(keys, secret),
+            self.nodes[arbiter].subscribe_turn(keys, who.0),
             join_all(
                 self.others(arbiter)
                     .map(|i| self.nodes[i].subscribe_releases(keys))
@@ -213,11 +211,11 @@ impl RedlockBackend {
                 s.mark_seen();
             }
             let outcome = if arbiter_answers {
-                let (outcome, answered) = self.queued_round(keys, secret, ttl, told).await;
+                let (outcome, answered) = self.queued_round(keys, who, ttl, told).await;
                 arbiter_answers = answered;
                 outcome
             } else {
-                self.round(keys, secret, ttl).await
+                self.round(keys, who, ttl).await
             };
             if let (true, start) = outcome? {
                 return Ok(start);

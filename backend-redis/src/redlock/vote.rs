@@ -8,7 +8,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::keys::LockKeys;
-use crate::queue::{Ask, Attempt, queue_member};
+use crate::queue::{Ask, Attempt, Who, queue_member};
 use crate::release::{Sent, Tell};
 
 use super::{RedlockBackend, Waking, validity};
@@ -79,12 +79,12 @@ impl RedlockBackend {
     pub(super) async fn round(
         &self,
         keys: &LockKeys,
-        secret: &OwnerSecret,
+        who: Who<'_>,
         ttl: Duration,
     ) -> Result<(bool, Instant)> {
         let start = Instant::now();
-        let guard = RoundGuard::arm(self, keys, secret);
-        let outcome = self.vote(keys, secret, ttl, start, None).await;
+        let guard = RoundGuard::arm(self, keys, who.0);
+        let outcome = self.vote(keys, who, ttl, start, None).await;
         guard.disarm();
         outcome
     }
@@ -94,13 +94,13 @@ impl RedlockBackend {
     pub(super) async fn ask(
         &self,
         keys: &LockKeys,
-        secret: &OwnerSecret,
+        who: Who<'_>,
         ttl: Duration,
         nodes: impl Iterator<Item = usize>,
     ) -> Tally {
         let answers = join_all(nodes.map(|i| {
             let n = &self.nodes[i];
-            async move { (i, n.attempt(keys, secret, ttl, Ask::Plain).await) }
+            async move { (i, n.attempt(keys, who, ttl, Ask::Plain).await) }
         }))
         .await;
         let mut tally = Tally::default();
@@ -119,14 +119,14 @@ impl RedlockBackend {
     pub(super) async fn vote(
         &self,
         keys: &LockKeys,
-        secret: &OwnerSecret,
+        who: Who<'_>,
         ttl: Duration,
         start: Instant,
         except: Option<usize>,
     ) -> Result<(bool, Instant)> {
         let asked = (0..self.nodes.len()).filter(|i| Some(*i) != except);
-        let tally = self.ask(keys, secret, ttl, asked).await;
-        self.decide(keys, secret, ttl, start, tally).await
+        let tally = self.ask(keys, who, ttl, asked).await;
+        self.decide(keys, who.0, ttl, start, tally).await
     }
 
     /// Grants on a majority with validity left since `start`; else releases everywhere.

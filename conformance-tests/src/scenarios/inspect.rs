@@ -1,8 +1,11 @@
 //! Reading a lock without touching it: what `status` pages and the `distlock status` command show.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distlock_api::{Admission, LockName, LockStatus, RWLOCK_LOCK_PREFIX, SEMAPHORE_LOCK_PREFIX};
+use distlock_api::{
+    Admission, ELECTION_LOCK_PREFIX, HolderInfo, LockName, LockStatus, RWLOCK_LOCK_PREFIX,
+    SEMAPHORE_LOCK_PREFIX,
+};
 use tokio::time::sleep;
 
 use super::{client, eventually, opts, unique};
@@ -173,4 +176,113 @@ pub async fn inspection_reports_every_holder_of_a_semaphore_and_a_rwlock(d: &dyn
         "{:?}",
         status(queue.clone()).await
     );
+}
+
+/// Each holder is named as its holder wrote it: this process's host, pid and command, and since
+/// a moment between asking and being granted; for a lock, each permit of a semaphore and each
+/// reader (where the queue admits by policy), and an election's leader before and after it
+/// announced (and re-announced) its value (where elections are offered).
+pub async fn inspection_names_who_holds(d: &dyn Deployment) {
+    let observer = d.client().await;
+    let caps = observer.capabilities().clone();
+    let me = HolderInfo::now();
+    let status = |name: String| {
+        let observer = observer.clone();
+        async move {
+            let name = LockName::new(name).expect("valid");
+            observer.inspect(&name).await.expect("inspect")
+        }
+    };
+    // Whole milliseconds, as entries keep them.
+    let millis = |t: SystemTime| t.duration_since(UNIX_EPOCH).expect("clock").as_millis();
+    let named = |seen: &LockStatus, before: SystemTime, after: SystemTime, n: usize| {
+        assert_eq!(seen.holders.len(), n, "{seen:?}");
+        for h in &seen.holders {
+            let who = h
+                .holder
+                .as_ref()
+                .unwrap_or_else(|| panic!("unnamed: {seen:?}"));
+            assert_eq!(
+                (&who.host, who.pid, &who.command),
+                (&me.host, me.pid, &me.command)
+            );
+            let since = millis(who.since);
+            assert!(
+                millis(before) <= since && since <= millis(after),
+                "since {since} not within [{}, {}]",
+                millis(before),
+                millis(after)
+            );
+        }
+    };
+
+    let name = unique("inspect-who");
+    let before = SystemTime::now();
+    let lease = client(d)
+        .await
+        .try_acquire(&name, &opts(d))
+        .await
+        .expect("acquire");
+    let after = SystemTime::now();
+    named(&status(name.clone()).await, before, after, 1);
+    assert!(lease.release().await.expect("release"));
+
+    if caps.policies {
+        let name = unique("inspect-who-permits");
+        let s = client(d)
+            .await
+            .semaphore(&name, 3)
+            .expect("semaphore")
+            .options(opts(d));
+        let before = SystemTime::now();
+        let permits = [
+            s.try_acquire().await.expect("first"),
+            s.try_acquire().await.expect("second"),
+        ];
+        let after = SystemTime::now();
+        named(
+            &status(format!("{SEMAPHORE_LOCK_PREFIX}{name}")).await,
+            before,
+            after,
+            2,
+        );
+        for p in permits {
+            assert!(p.release().await.expect("release"));
+        }
+        let name = unique("inspect-who-readers");
+        let rw = client(d)
+            .await
+            .rwlock(&name)
+            .expect("rwlock")
+            .options(opts(d));
+        let before = SystemTime::now();
+        let read = rw.try_read().await.expect("read");
+        let after = SystemTime::now();
+        named(
+            &status(format!("{RWLOCK_LOCK_PREFIX}{name}")).await,
+            before,
+            after,
+            1,
+        );
+        assert!(read.release().await.expect("release"));
+    }
+
+    if caps.fencing.is_monotonic() {
+        let name = unique("inspect-who-leader");
+        let e = client(d)
+            .await
+            .election(&name)
+            .expect("election")
+            .options(opts(d));
+        let before = SystemTime::now();
+        let mut leading = e.campaign("http://a:1").await.expect("elected");
+        let after = SystemTime::now();
+        let queue = format!("{ELECTION_LOCK_PREFIX}{name}");
+        named(&status(queue.clone()).await, before, after, 1);
+        leading.proclaim("http://b:2").await.expect("proclaim");
+        named(&status(queue.clone()).await, before, after, 1);
+        let leader = e.leader().await.expect("leader").expect("a leader");
+        assert_eq!(leader.value, "http://b:2");
+        assert!(leading.resign().await.expect("resign"));
+    }
 }

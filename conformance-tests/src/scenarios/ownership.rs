@@ -18,6 +18,7 @@ pub async fn release_by_non_owner_is_refused(d: &dyn Deployment) {
         name: name.clone(),
         resource: grant.key.resource.clone(),
         secret: OwnerSecret::random().expect("rng"),
+        holder: grant.key.holder.clone(),
     };
     assert!(
         !b.release(&forged).await.expect("release call"),

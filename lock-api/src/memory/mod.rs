@@ -29,6 +29,7 @@ use crate::backend::{Grant, GrantKey, HolderStatus, LockBackend, LockStatus, Ren
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
+use crate::holder::HolderInfo;
 use crate::leader::Leader;
 use crate::name::LockName;
 use crate::secret::OwnerSecret;
@@ -161,12 +162,19 @@ impl MemoryBackend {
         }
     }
 
-    fn grant(name: &LockName, secret: OwnerSecret, ttl: Duration, (token, at): Handoff) -> Grant {
+    fn grant(
+        name: &LockName,
+        secret: OwnerSecret,
+        holder: HolderInfo,
+        ttl: Duration,
+        (token, at): Handoff,
+    ) -> Grant {
         Grant {
             key: GrantKey {
                 name: name.clone(),
                 resource: name.encoded().to_string(),
                 secret,
+                holder,
             },
             token: Some(FencingToken(token)),
             ttl,
@@ -189,12 +197,13 @@ impl MemoryBackend {
         self.check_reachable()?;
         let secret = OwnerSecret::random()?;
         let key = name.encoded();
+        let holder = HolderInfo::now();
         let started = Instant::now();
         let (tx, rx) = oneshot::channel();
         let (id, deadline) = {
             let mut st = self.store.lock();
-            if let Some(t) = st.grant_now(key, &secret, ttl, admission, started)? {
-                return Ok(Self::grant(name, secret, ttl, (t, started)));
+            if let Some(t) = st.grant_now(key, &secret, ttl, admission, &holder, started)? {
+                return Ok(Self::grant(name, secret, holder, ttl, (t, started)));
             }
             let Some(deadline) = deadline else {
                 return Err(LockError::Busy {
@@ -209,6 +218,7 @@ impl MemoryBackend {
                 secret: secret.clone(),
                 ttl,
                 admission,
+                holder: holder.clone(),
                 tx,
             });
             (id, deadline)
@@ -234,7 +244,7 @@ impl MemoryBackend {
                 handoff = &mut waiter.rx => {
                     waiter.done = true;
                     let handoff = handoff.map_err(|_| LockError::backend("memory", true, "store dropped a waiter"))?;
-                    return Ok(Self::grant(name, secret, ttl, handoff));
+                    return Ok(Self::grant(name, secret, holder, ttl, handoff));
                 }
                 _ = link.wait_for(|up| !up) => return Err(cut_off()),
                 _ = sleep_until(wake) => {
@@ -347,6 +357,7 @@ impl LockBackend for MemoryBackend {
                     token: Some(FencingToken(h.token)),
                     expires_in: Some(h.expires - now),
                     admission: Admission::of_limit(h.limit),
+                    holder: Some(h.holder.clone()),
                 })
                 .collect(),
             waiters: e.waiters.iter().filter(|w| !w.tx.is_closed()).count(),

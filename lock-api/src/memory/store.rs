@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::admission::Admission;
 use crate::error::Result;
+use crate::holder::HolderInfo;
 use crate::secret::OwnerSecret;
 
 /// A grant as the store hands it to a waiter: the token and when the TTL started.
@@ -21,6 +22,8 @@ pub(super) struct Holder {
     pub(super) value: Option<String>,
     /// Its entry's limit ([`Admission::limit`]).
     pub(super) limit: u32,
+    /// Who holds it.
+    pub(super) holder: HolderInfo,
 }
 
 pub(super) struct Waiter {
@@ -28,6 +31,7 @@ pub(super) struct Waiter {
     pub(super) secret: OwnerSecret,
     pub(super) ttl: Duration,
     pub(super) admission: Admission,
+    pub(super) holder: HolderInfo,
     pub(super) tx: oneshot::Sender<Handoff>,
 }
 
@@ -90,6 +94,7 @@ impl State {
                     expires: now + w.ttl,
                     value: None,
                     limit: w.admission.limit(),
+                    holder: w.holder,
                 });
             }
         }
@@ -107,6 +112,7 @@ impl State {
         secret: &OwnerSecret,
         ttl: Duration,
         admission: Admission,
+        holder: &HolderInfo,
         now: Instant,
     ) -> Result<Option<u64>> {
         self.settle(key, now);
@@ -128,6 +134,7 @@ impl State {
                 expires: now + ttl,
                 value: None,
                 limit: admission.limit(),
+                holder: holder.clone(),
             });
         Ok(Some(token))
     }
