@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use distlock::LockName;
 use distlock_conformance::deployment::{Cut, ProxyCut};
+use distlock_conformance::deployments::redis_cluster::AclCut;
 use distlock_conformance::harness::{ProxyMode, TempDir};
 use rand::Rng;
 
@@ -98,10 +99,35 @@ impl Drop for Process {
     }
 }
 
-/// One client process and the proxies it reaches the servers through.
+/// One client process and how it is cut.
 struct Client {
     process: Process,
-    cut: ProxyCut,
+    cut: ClientCut,
+}
+
+/// How a client reaches the servers, and so how it is cut.
+enum ClientCut {
+    /// Through a proxy per server (delayed, cut from one server, ... by the proxies).
+    Proxies(ProxyCut),
+    /// As its own ACL user of a Redis Cluster (a cut or reset only).
+    Acl(AclCut),
+}
+
+impl ClientCut {
+    fn cut(&self) -> &dyn Cut {
+        match self {
+            ClientCut::Proxies(p) => p,
+            ClientCut::Acl(a) => a,
+        }
+    }
+
+    /// The proxies, for the faults only proxies make (not offered where there are none).
+    fn proxies(&self) -> &ProxyCut {
+        match self {
+            ClientCut::Proxies(p) => p,
+            ClientCut::Acl(_) => unreachable!("a fault that needs proxies on a Redis Cluster"),
+        }
+    }
 }
 
 /// What one run recorded.
@@ -195,8 +221,19 @@ fn client_args(r: Run, url: &str, resource: &str, dir: &Path, id: u32) -> Vec<St
 }
 
 fn start_client(r: Run, servers: &Servers, resource: &str, dir: &Path, id: u32) -> Client {
-    let cut = ProxyCut::to_ports(servers.ports.iter().copied());
-    let url = r.deployment.url(&cut.addrs());
+    let (url, cut) = match &servers.cluster {
+        Some(cluster) => {
+            // Unique per run and client: a restarted client is a new user.
+            let cut = AclCut::create(cluster.clone(), format!("chaos{id}"));
+            let mut hosts = cut.hosts();
+            hosts[0] = format!("{}:pw@{}", cut.user(), hosts[0]);
+            (r.deployment.url(&hosts), ClientCut::Acl(cut))
+        }
+        None => {
+            let cut = ProxyCut::to_ports(servers.ports.iter().copied());
+            (r.deployment.url(&cut.addrs()), ClientCut::Proxies(cut))
+        }
+    };
     let args = client_args(r, &url, resource, dir, id);
     let process =
         Process::spawn(&args, Stdio::null()).unwrap_or_else(|e| panic!("client {id}: {e}"));
@@ -290,16 +327,16 @@ pub fn run(r: Run, length: Duration) -> RunResult {
                     kind: nemesis.label().into(),
                     target,
                 });
-                clients[pick].1.cut.cut();
+                clients[pick].1.cut.cut().cut();
                 std::thread::sleep(ttl * 3 / 2);
-                clients[pick].1.cut.reset();
+                clients[pick].1.cut.cut().reset();
             }
             Nemesis::DelayClient => {
                 rec.record(Event::FaultStart {
                     kind: nemesis.label().into(),
                     target,
                 });
-                let cut = &clients[pick].1.cut;
+                let cut = clients[pick].1.cut.proxies();
                 cut.0
                     .iter()
                     .for_each(|p| p.set_mode(ProxyMode::Delay(ttl / 2)));
@@ -311,7 +348,7 @@ pub fn run(r: Run, length: Duration) -> RunResult {
                     kind: nemesis.label().into(),
                     target,
                 });
-                clients[pick].1.cut.reset();
+                clients[pick].1.cut.cut().reset();
             }
             Nemesis::ClockJump => {
                 let i = rng.random_range(0..servers.clocks.len());
@@ -355,7 +392,7 @@ pub fn run(r: Run, length: Duration) -> RunResult {
                     kind: nemesis.label().into(),
                     target: format!("{target} from server {i}"),
                 });
-                let proxy = &clients[pick].1.cut.0[i];
+                let proxy = &clients[pick].1.cut.proxies().0[i];
                 proxy.set_mode(ProxyMode::Blackhole);
                 std::thread::sleep(ttl * 3 / 2);
                 proxy.reset();

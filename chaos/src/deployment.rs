@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use distlock::LockName;
 use distlock_conformance::harness::{
-    ClockOffset, EtcdCluster, HarnessError, RedisMasters, RedisReplicated, RedisSentinel,
-    RedisServer, ServerProcess, ZkEnsemble,
+    ClockOffset, EtcdCluster, HarnessError, RedisCluster, RedisMasters, RedisReplicated,
+    RedisSentinel, RedisServer, ServerProcess, ZkEnsemble,
 };
 use distlock_conformance::leftovers;
 use rand::Rng;
@@ -38,13 +38,18 @@ pub enum Deployment {
     /// Sentinel, which promotes the replica when the master dies; clients find the master
     /// through the Sentinel.
     RedisSentinel,
+    /// A Redis Cluster of 3 masters (no replicas, stock persistence); each client connects as
+    /// its own ACL user, by which it is cut (a proxy cannot stand in front of a cluster client,
+    /// which learns the nodes' addresses from the cluster).
+    RedisCluster,
 }
 
 /// Every deployment.
-pub const DEPLOYMENTS: [Deployment; 8] = [
+pub const DEPLOYMENTS: [Deployment; 9] = [
     Deployment::Redis,
     Deployment::RedisAof,
     Deployment::RedisSentinel,
+    Deployment::RedisCluster,
     Deployment::Redlock,
     Deployment::Etcd,
     Deployment::Etcd3,
@@ -64,6 +69,7 @@ impl Deployment {
             Deployment::Zk => "zk",
             Deployment::Zk3 => "zk3",
             Deployment::RedisSentinel => "redis-sentinel",
+            Deployment::RedisCluster => "redis-cluster",
         }
     }
 
@@ -72,10 +78,14 @@ impl Deployment {
     /// alone or in a quorum, a wall-clock jump where TTLs are counted by a server's clock
     /// (Redis, Redlock), Redlock's delayed restart, a Sentinel failover, and where there are
     /// several servers, a client cut from one of them; a member cut from its peers in a quorum.
+    /// A Redis Cluster client is cut by its ACL user: no proxy delays it.
     pub fn nemeses(self) -> Vec<Nemesis> {
         use Nemesis::*;
         let server: &[Nemesis] = match self {
             Deployment::RedisSentinel => return vec![Failover],
+            Deployment::RedisCluster => {
+                return vec![PauseClient, KillClient, CutClient, ResetClient, KillServer];
+            }
             Deployment::Redis => &[KillServer, ClockJump],
             Deployment::Redlock => &[KillServer, KillServerLate, ClockJump, CutClientMinority],
             Deployment::Etcd3 | Deployment::Zk3 => {
@@ -99,7 +109,8 @@ impl Deployment {
             (Nemesis::PauseClient, _) => (true, false),
             // One server without replication or fsync forgets locks and its token counter, which
             // then hands out tokens again (the register sees one token from two holders).
-            (Nemesis::KillServer, Deployment::Redis) => (true, true),
+            // A cluster master is such a server for the names in its slots.
+            (Nemesis::KillServer, Deployment::Redis | Deployment::RedisCluster) => (true, true),
             // A Redlock node restarted empty within the TTL gives a second majority.
             (Nemesis::KillServer, Deployment::Redlock) => (true, false),
             // Redis counts a TTL on its wall clock: a step forward expires locks early (one
@@ -140,6 +151,10 @@ impl Deployment {
             Deployment::RedisSentinel => {
                 format!("redis+sentinel://{all}/{SERVICE}?prefix={PREFIX}&op_timeout=1s")
             }
+            // The client's credentials lead the first host (`user:pw@host:port`).
+            Deployment::RedisCluster => {
+                format!("redis+cluster://{all}?prefix={PREFIX}&op_timeout=1s")
+            }
         }
     }
 }
@@ -158,6 +173,8 @@ pub(crate) struct Servers {
     /// Cuts (`true`) or heals member i's links to its peers, where the run started them behind
     /// proxies.
     pub(crate) isolate: Box<dyn Fn(usize, bool) + Send + Sync>,
+    /// A Redis Cluster's nodes, whose clients are cut by their ACL user, not by proxies.
+    pub(crate) cluster: Option<Arc<RedisCluster>>,
     /// What the servers hold under a lock name, counted raw.
     pub(crate) leftovers: Box<dyn Fn(LockName) -> BoxFuture<usize> + Send + Sync>,
     pub(crate) _keep: Box<dyn std::any::Any + Send + Sync>,
@@ -189,6 +206,11 @@ impl ProcessRef for Held<(RedisReplicated, RedisSentinel)> {
     fn process(&self) -> &ServerProcess {
         let pair = &self.0.0;
         [&pair.master, &pair.replica][self.1].process()
+    }
+}
+impl ProcessRef for Held<RedisCluster> {
+    fn process(&self) -> &ServerProcess {
+        self.0.nodes[self.1].process()
     }
 }
 impl ProcessRef for Held<ZkEnsemble> {
@@ -223,6 +245,12 @@ impl Leftovers for RedisMasters {
             }
             n
         })
+    }
+}
+
+impl Leftovers for RedisCluster {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move { leftovers::redis_cluster_at(&self.urls(), PREFIX, &name).await })
     }
 }
 
@@ -293,6 +321,7 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 processes: Box::new(move || refs(&c, 1)),
                 leader: Box::new(|| None),
                 isolate: Box::new(|_, _| {}),
+                cluster: None,
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -308,6 +337,7 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 processes: Box::new(move || refs(&c, 3)),
                 leader: Box::new(|| None),
                 isolate: Box::new(|_, _| {}),
+                cluster: None,
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -324,8 +354,9 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 ports,
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 2)),
-                // The server the Sentinel names as master now.
                 isolate: Box::new(|_, _| {}),
+                cluster: None,
+                // The server the Sentinel names as master now.
                 leader: Box::new(move || {
                     let (pair, sentinel) = &*l;
                     let port = sentinel.master_port(SERVICE)?;
@@ -354,6 +385,7 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 processes: Box::new(move || refs(&c, 1)),
                 leader: Box::new(|| None),
                 isolate: Box::new(|_, _| {}),
+                cluster: None,
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -368,6 +400,22 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 processes: Box::new(move || refs(&c, 3)),
                 leader: Box::new(|| None),
                 isolate: Box::new(|_, _| {}),
+                cluster: None,
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::RedisCluster, _) => {
+            let s = Arc::new(RedisCluster::start(3).unwrap_or_else(|e| fail(e)));
+            let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, 3)),
+                leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
+                cluster: Some(s.clone()),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -442,6 +490,7 @@ where
         processes: Box::new(move || refs(&c, n)),
         leader: Box::new(move || l.leader()),
         isolate: Box::new(move |i, on| cut.isolate(i, on)),
+        cluster: None,
         leftovers: leftovers_of(&s),
         _keep: Box::new(s),
     }

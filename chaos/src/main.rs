@@ -1,7 +1,8 @@
 //! `distlock-chaos`: the fault campaign.
 //!
 //! ```sh
-//! cargo run --release -p distlock-chaos -- campaign --minutes 30   # the full one: docs/faults.md
+//! cargo run --release -p distlock-chaos -- campaign --minutes 150  # the full one: docs/faults.md
+//! cargo run --release -p distlock-chaos -- campaign --minutes 150 --resume  # go on after a stop
 //! cargo run -p distlock-chaos -- campaign --short --out target/faults-short.md
 //! cargo run -p distlock-chaos -- campaign --workloads rwlock --minutes 5 --out target/rw.md
 //! cargo run -p distlock-chaos -- campaign --only election/etcd3/kill-server --minutes 1
@@ -9,7 +10,8 @@
 //!
 //! `campaign` starts real servers, a resource process and client processes (this same binary,
 //! as `resource` and `client`), injects faults, checks the merged history and writes the report;
-//! it exits 1 when a run shows a violation that is not the known hazard of its fault.
+//! it exits 1 when a run shows a violation that is not the known hazard of its fault. Each run's
+//! findings are kept as it ends (`faults-runs.jsonl` beside `faults.md`, see `record.rs`).
 
 mod campaign;
 mod check;
@@ -18,6 +20,7 @@ mod deployment;
 mod history;
 mod nemesis;
 mod observer;
+mod record;
 mod report;
 mod resource;
 mod workload;
@@ -32,7 +35,7 @@ use workload::Workload;
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "{problem}\nusage:\n  distlock-chaos campaign [--short | --minutes N] [--out FILE]\n  \
+        "{problem}\nusage:\n  distlock-chaos campaign [--short | --minutes N] [--out FILE] [--resume]\n  \
          distlock-chaos campaign [--workloads W,..] [--only W/D/N,..] ...\n  \
          distlock-chaos client --url U --workload W --resource ADDR --history FILE --id N --ttl-ms MS [--hold-ms MS]\n  \
          distlock-chaos resource --history FILE"
@@ -49,7 +52,7 @@ fn flags(args: &[String]) -> std::collections::BTreeMap<String, String> {
             usage(&format!("unexpected argument {flag:?}"));
         };
         let value = match name {
-            "short" => String::new(),
+            "short" | "resume" => String::new(),
             _ => it
                 .next()
                 .cloned()
@@ -130,6 +133,7 @@ fn short_plan() -> Vec<Run> {
         (Redis, CutClient),
         (Redis, ClockJump),
         (RedisSentinel, Failover),
+        (RedisCluster, CutClient),
         (Redlock, PauseClient),
         (Etcd, PauseClient),
         (Etcd3, KillServer),
@@ -197,9 +201,10 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
             ));
         }
     }
-    // Each (workload, deployment) gets the same share of the campaign, split equally among its
-    // runs: a deployment with one fault (the Sentinel failover) gets as many acquisitions as the
-    // others. A short run lasts long enough for one fault after the clients settle.
+    // Each (workload, deployment) gets its workload's share of the campaign (by what 10 000
+    // operations take), split equally among its runs: a deployment with one fault (the Sentinel
+    // failover) gets as many operations as the others. A short run lasts long enough for one
+    // fault after the clients settle.
     let (length_of, schedule): (Box<dyn Fn(Run) -> Duration>, String) = if short {
         // One fault each (they come 2 TTLs apart after a TTL's settling); the lock's runs a
         // little longer, as they were.
@@ -224,7 +229,8 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
                 groups.push((r.workload, r.deployment));
             }
         }
-        let share = minutes * 60.0 / groups.len().max(1) as f64;
+        let weights: f64 = groups.iter().map(|(w, _)| w.weight()).sum();
+        let share = move |w: Workload| minutes * 60.0 * w.weight() / weights.max(1.0);
         let runs = plan.clone();
         let length = move |r: Run| {
             let n = runs
@@ -233,11 +239,18 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
                 .count()
                 .max(1);
             // Whole seconds keep the report readable.
-            Duration::from_secs((share / n as f64).round().max(1.0) as u64)
+            Duration::from_secs((share(r.workload) / n as f64).round().max(1.0) as u64)
         };
+        let mut shares: Vec<String> = Vec::new();
+        for (w, _) in &groups {
+            let text = format!("{} {}s", w.label(), share(*w).round());
+            if !shares.contains(&text) {
+                shares.push(text);
+            }
+        }
         let text = format!(
-            "each workload on each deployment {:?} in all, shared equally among its runs",
-            Duration::from_secs(share.round() as u64)
+            "each workload on each deployment, in all: {}, shared equally among its runs",
+            shares.join(", ")
         );
         (Box::new(length), text)
     };
@@ -251,8 +264,21 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
         )
         .collect::<Vec<_>>()
         .join(" ");
-    let mut runs = Vec::new();
-    for r in plan {
+    // Every run is kept as it ends; `--resume` goes on where a stopped campaign left off.
+    let records_path = record::path_for(&out);
+    let dir = out.parent().map(PathBuf::from).unwrap_or_default();
+    let _ = std::fs::create_dir_all(&dir);
+    let mut kept = if f.contains_key("resume") {
+        record::load(&records_path).unwrap_or_else(|e| usage(&e))
+    } else {
+        let _ = std::fs::remove_file(&records_path);
+        Vec::new()
+    };
+    let commit = record::commit();
+    for r in plan.iter().copied() {
+        if kept.iter().any(|k| k.run == r.label()) {
+            continue;
+        }
         let length = length_of(r);
         eprintln!("== {} for {length:?}", r.label());
         let result = campaign::run(r, length);
@@ -265,17 +291,39 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
             fi.leftovers,
             result.unexpected()
         );
-        runs.push(result);
+        if report::has_timeline(&result) {
+            let svg = report::svg(&result, Duration::from_secs(20));
+            let _ = std::fs::write(dir.join(report::timeline_file(&result)), svg);
+        }
+        let kept_run = record::Record {
+            run: r.label(),
+            seconds: length.as_secs(),
+            commit: commit.clone(),
+            findings: result.findings,
+        };
+        if let Err(e) = record::append(&records_path, &kept_run) {
+            usage(&format!("cannot write {}: {e}", records_path.display()));
+        }
+        kept.push(kept_run);
     }
+    // The report covers the plan's runs, in its order, whichever session ran them.
+    let runs: Vec<campaign::RunResult> = plan
+        .iter()
+        .filter_map(|r| {
+            let k = kept.iter().find(|k| k.run == r.label())?;
+            Some(k.result(*r))
+        })
+        .collect();
+    let mut commits: Vec<&str> = Vec::new();
+    for k in &kept {
+        if !commits.contains(&k.commit.as_str()) {
+            commits.push(&k.commit);
+        }
+    }
+    let schedule = format!("{schedule}; run at commit {}", commits.join(", "));
     let text = report::markdown(&runs, &command, &schedule);
-    let dir = out.parent().map(PathBuf::from).unwrap_or_default();
-    let _ = std::fs::create_dir_all(&dir);
     if let Err(e) = std::fs::write(&out, text) {
         usage(&format!("cannot write {}: {e}", out.display()));
-    }
-    for r in runs.iter().filter(|r| report::has_timeline(r)) {
-        let svg = report::svg(r, Duration::from_secs(20));
-        let _ = std::fs::write(dir.join(report::timeline_file(r)), svg);
     }
     let unexpected: usize = runs.iter().map(campaign::RunResult::unexpected).sum();
     println!(

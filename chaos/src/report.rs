@@ -160,9 +160,9 @@ pub fn markdown(runs: &[RunResult], command: &str, schedule: &str) -> String {
          A violation is **expected** where it is the known hazard of that fault: no lease \
          survives a pause past its TTL without the resource's own check (the fenced register \
          refuses the stale writer; the unfenced lock-set loses an element; a second permit \
-         holder or a writer gets in), one Redis server \
-         that crashes forgets its locks and its token counter (tokens go back, and the register \
-         sees one token from two holders), and a Redlock node restarted \
+         holder or a writer gets in), one Redis server (or Redis Cluster master, for the names \
+         in its slots) that crashes forgets its locks and its token counter (tokens go back, \
+         and the register sees one token from two holders), and a Redlock node restarted \
          empty within the TTL gives a second majority (`kill-server`; `kill-server-late` restarts \
          it only after 1.5 TTLs, Redlock's delayed-restart rule, and must show nothing), a \
          server's wall clock stepped forward by 2 TTLs (`clock-jump`, through a preloaded clock \
@@ -170,7 +170,9 @@ pub fn markdown(runs: &[RunResult], command: &str, schedule: &str) -> String {
          failover (`failover`: the master killed, the replica promoted; replication is \
          asynchronous, so the last locks and counter steps can be missing there). `redis-aof` \
          is one Redis server with an append-only file synced at every write; `redis-sentinel` a \
-         master and a replica behind one Sentinel. `delay-client` delays one client's traffic by \
+         master and a replica behind one Sentinel; `redis-cluster` three masters without replicas, \
+         each client its own ACL user, cut by switching it off (no proxy: no `delay-client`). \
+         `delay-client` delays one client's traffic by \
          half a TTL each way for 1.5 TTLs; `reset-client` closes its connections at once. \
          Anything else fails the campaign.\n",
         runs.len(),

@@ -26,10 +26,12 @@ mod tokens;
 #[cfg(test)]
 mod tests;
 
+use serde::{Deserialize, Serialize};
+
 use crate::history::{Entry, Event};
 
 /// What one history shows.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Findings {
     /// What the clients asked of the servers: acquire attempts (granted or not), releases,
     /// proclamations, and observers' reports.

@@ -57,13 +57,44 @@ impl ServerFaults for ClusterDeployment {
     }
 }
 
-/// Cuts one client by its ACL user, on every node.
-struct AclCut {
+/// Cuts one client of a Redis Cluster by its ACL user, on every node (the fault campaign's
+/// clients are cut this way too).
+pub struct AclCut {
     cluster: Arc<RedisCluster>,
     user: String,
 }
 
 impl AclCut {
+    /// Creates `user` (password `pw`, every permission) on every node of `cluster`: a client
+    /// that connects as that user ([`AclCut::urls`]) can be cut alone.
+    pub fn create(cluster: Arc<RedisCluster>, user: String) -> AclCut {
+        let cut = AclCut { cluster, user };
+        cut.on_every_node(&[format!("ACL SETUSER {} on >pw ~* &* +@all", cut.user)]);
+        cut
+    }
+
+    /// `redis://<user>:pw@127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.hosts()
+            .iter()
+            .map(|h| format!("redis://{}:pw@{h}", self.user))
+            .collect()
+    }
+
+    /// `127.0.0.1:<port>` of every node.
+    pub fn hosts(&self) -> Vec<String> {
+        self.cluster
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect()
+    }
+
+    /// The user's name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
     fn on_every_node(&self, commands: &[String]) {
         for node in &self.cluster.nodes {
             for c in commands {
@@ -113,18 +144,8 @@ impl Deployment for ClusterDeployment {
     async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let user = format!("cut{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        let cut = AclCut {
-            cluster: self.cluster.clone(),
-            user: user.clone(),
-        };
-        cut.on_every_node(&[format!("ACL SETUSER {user} on >pw ~* &* +@all")]);
-        let urls: Vec<String> = self
-            .cluster
-            .nodes
-            .iter()
-            .map(|n| format!("redis://{user}:pw@127.0.0.1:{}", n.port()))
-            .collect();
-        let client = RedisBackend::connect_cluster(&urls, options())
+        let cut = AclCut::create(self.cluster.clone(), user);
+        let client = RedisBackend::connect_cluster(&cut.urls(), options())
             .await
             .expect("connect as the cuttable user");
         (Arc::new(client), Box::new(cut))
