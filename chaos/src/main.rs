@@ -2,6 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release -p distlock-chaos -- campaign --minutes 150  # the full one: docs/faults.md
+//! cargo run --release -p distlock-chaos -- campaign --minutes 150 --stop-after 60  # a part
 //! cargo run --release -p distlock-chaos -- campaign --minutes 150 --resume  # go on after a stop
 //! cargo run -p distlock-chaos -- campaign --short --out target/faults-short.md
 //! cargo run -p distlock-chaos -- campaign --workloads rwlock --minutes 5 --out target/rw.md
@@ -35,7 +36,7 @@ use workload::Workload;
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "{problem}\nusage:\n  distlock-chaos campaign [--short | --minutes N] [--out FILE] [--resume]\n  \
+        "{problem}\nusage:\n  distlock-chaos campaign [--short | --minutes N] [--out FILE] [--resume] [--stop-after M]\n  \
          distlock-chaos campaign [--workloads W,..] [--only W/D/N,..] ...\n  \
          distlock-chaos client --url U --workload W --resource ADDR --history FILE --id N --ttl-ms MS [--hold-ms MS]\n  \
          distlock-chaos resource --history FILE"
@@ -275,11 +276,27 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
         Vec::new()
     };
     let commit = record::commit();
+    // `--stop-after M`: no run starts that would end more than M minutes from now (a run's
+    // servers, settling and clean-up count as a minute); `--resume` runs the rest.
+    let stop_at = f.get("stop-after").map(|m| {
+        let m: f64 = m
+            .parse()
+            .ok()
+            .filter(|m: &f64| m.is_finite() && *m >= 0.0)
+            .unwrap_or_else(|| usage("--stop-after takes a number of minutes"));
+        std::time::Instant::now() + Duration::from_secs_f64(m * 60.0)
+    });
     for r in plan.iter().copied() {
         if kept.iter().any(|k| k.run == r.label()) {
             continue;
         }
         let length = length_of(r);
+        if stop_at
+            .is_some_and(|at| std::time::Instant::now() + length + Duration::from_secs(60) > at)
+        {
+            eprintln!("== stopping before {}: --resume runs the rest", r.label());
+            break;
+        }
         eprintln!("== {} for {length:?}", r.label());
         let result = campaign::run(r, length);
         let fi = &result.findings;
@@ -320,7 +337,19 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
             commits.push(&k.commit);
         }
     }
-    let schedule = format!("{schedule}; run at commit {}", commits.join(", "));
+    let mut schedule = if commits.is_empty() {
+        schedule
+    } else {
+        format!("{schedule}; run at commit {}", commits.join(", "))
+    };
+    if runs.len() < plan.len() {
+        // A campaign stopped early says so in its report.
+        schedule = format!(
+            "{schedule}; {} of the plan's {} runs so far, `--resume` runs the rest",
+            runs.len(),
+            plan.len()
+        );
+    }
     let text = report::markdown(&runs, &command, &schedule);
     if let Err(e) = std::fs::write(&out, text) {
         usage(&format!("cannot write {}: {e}", out.display()));
