@@ -32,7 +32,7 @@ pub async fn redis(admin: &mut impl ConnectionLike, prefix: &str, name: &LockNam
     held as usize + queued.len() + stray + shared as usize
 }
 
-/// [`redis`] on a Redis Cluster whose nodes are `urls`: one cluster connection sends each key
+/// [`redis()`] on a Redis Cluster whose nodes are `urls`: one cluster connection sends each key
 /// to the master of its slot.
 pub async fn redis_cluster_at(urls: &[String], prefix: &str, name: &LockName) -> usize {
     let mut admin = redis::cluster::ClusterClient::new(urls.to_vec())

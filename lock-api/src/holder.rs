@@ -74,7 +74,9 @@ impl HolderInfo {
         }
     }
 
-    /// The entry segment, `~<since ms>,<pid>,<host>,<command>` (see the [module docs](self)).
+    /// The entry segment, `~<since ms>,<pid>,<host>,<command>`: after the owner secret and limit,
+    /// before an announced value; host and command percent-encoded, so it holds no `:`, `#`,
+    /// `~` or `,` of its own and stays ASCII.
     pub fn segment(&self) -> String {
         format!(
             "~{},{},{},{}",
