@@ -11,6 +11,8 @@ command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v etcd >/dev/null || need+=(etcd-server)
 # The interop tests drive etcd's own lock recipe through etcdctl.
 command -v etcdctl >/dev/null || need+=(etcd-client)
+# ... and kazoo's lock (Debian's Python, whatever `python3` is first on the PATH).
+/usr/bin/python3 -c 'import kazoo' 2>/dev/null || need+=(python3-kazoo)
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v java >/dev/null || need+=(default-jre-headless)
 command -v protoc >/dev/null || need+=(protobuf-compiler)

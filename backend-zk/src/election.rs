@@ -45,7 +45,7 @@ impl ZkBackend {
         let dir = lock_dir(&self.options().root, name);
         let epoch = self.epoch().await?;
         loop {
-            let queue = self.synced_queue(&epoch, &dir).await?;
+            let queue = self.synced_queue(&epoch, &dir, name).await?;
             if queue.is_empty() {
                 return Ok(None);
             }

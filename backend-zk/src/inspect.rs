@@ -9,7 +9,7 @@ use zookeeper_client::Error as ZkError;
 
 use crate::ZkBackend;
 use crate::client::is_zk;
-use crate::paths::in_order;
+use crate::paths::{in_order, known_in_order};
 use crate::paths::{lock_dir, node_limit};
 use crate::session::Epoch;
 
@@ -21,7 +21,12 @@ impl ZkBackend {
     /// nodes created after the listing sort after every listed one, so that node was the head
     /// when it was read. It lists again only when every listed node went, so it never answers
     /// "nobody" while a node exists.
-    pub(crate) async fn synced_queue(&self, epoch: &Epoch, dir: &str) -> Result<Vec<String>> {
+    pub(crate) async fn synced_queue(
+        &self,
+        epoch: &Epoch,
+        dir: &str,
+        name: &LockName,
+    ) -> Result<Vec<String>> {
         let (synced, listed) = tokio::join!(
             self.call(epoch.client.sync(dir)),
             self.call(epoch.client.list_children(dir))
@@ -34,7 +39,7 @@ impl ZkBackend {
         let Some(reference) = children.first().cloned() else {
             return Ok(Vec::new());
         };
-        Ok(in_order(children, &reference)
+        Ok(in_order(children, &reference, name)?
             .into_iter()
             .map(|c| format!("{dir}/{c}"))
             .collect())
@@ -47,7 +52,7 @@ impl ZkBackend {
         let dir = lock_dir(&self.options().root, name);
         let epoch = self.epoch().await?;
         'listing: loop {
-            let queue = self.synced_queue(&epoch, &dir).await?;
+            let queue = self.synced_queue(&epoch, &dir, name).await?;
             let limits: Vec<u32> = queue
                 .iter()
                 .map(|path| node_limit(path.rsplit('/').next().unwrap_or(path)))
@@ -78,5 +83,5 @@ impl ZkBackend {
 /// The lowest of a directory's queue nodes, in wrap-aware order (any node is a valid reference).
 pub(crate) fn head_of(children: Vec<String>) -> Option<String> {
     let reference = children.first()?.clone();
-    in_order(children, &reference).into_iter().next()
+    known_in_order(children, &reference).into_iter().next()
 }

@@ -24,7 +24,7 @@
 //! ([`queue_order`], serial-number arithmetic): correct whenever the live nodes of one queue
 //! span less than 2^31 steps, which a queue of fewer than a billion waiters always does.
 
-use distlock_api::{Admission, LockName, OwnerSecret};
+use distlock_api::{Admission, LockError, LockName, OwnerSecret, Result};
 use sha2::{Digest, Sha256};
 
 /// The marker between the protected prefix and the sequence number.
@@ -82,9 +82,34 @@ pub fn queue_order(seq: i32, reference: i32) -> u32 {
         .wrapping_add(1 << 30)
 }
 
-/// Queue nodes (ours and others', not foreign children) in creation order, as seen from our own
-/// node `path` (see [`queue_order`]: the sequence suffix wraps).
-pub(crate) fn in_order(children: Vec<String>, path: &str) -> Vec<String> {
+/// The queue nodes of lock `name` (its directory's `children`: ours, other distlock clients',
+/// Curator's, which share the layout) in creation order, as seen from our own node `path` (see
+/// [`queue_order`]: the sequence suffix wraps).
+///
+/// # Errors
+/// [`LockError::ForeignEntry`] naming the first child of another layout (kazoo's
+/// `<id>__lock__<seq>`, say): its recipe does not count our nodes, so queueing beside it could
+/// make two holders. Never skipped silently.
+pub(crate) fn in_order(children: Vec<String>, path: &str, name: &LockName) -> Result<Vec<String>> {
+    refuse_foreign(&children, name)?;
+    Ok(known_in_order(children, path))
+}
+
+/// [`LockError::ForeignEntry`] for the first of lock `name`'s `children` that is not a queue
+/// node of our layout (see [`in_order`]).
+pub(crate) fn refuse_foreign(children: &[String], name: &LockName) -> Result<()> {
+    match children.iter().find(|c| sequence(c).is_none()) {
+        Some(foreign) => Err(LockError::ForeignEntry {
+            name: name.to_string(),
+            entry: foreign.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The children of our layout in creation order, as seen from `path` (others left out: for
+/// hints, where [`in_order`]'s refusal comes with the read that follows).
+pub(crate) fn known_in_order(children: Vec<String>, path: &str) -> Vec<String> {
     let reference = path
         .rsplit('/')
         .next()

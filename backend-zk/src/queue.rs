@@ -29,11 +29,12 @@ impl ZkBackend {
     /// acquire costs one round trip, not two. A repeat acquire on an idle ensemble may skip the
     /// listing (see [`RepeatGrant`]). After a connection loss during create, finds the node by
     /// its protected prefix *and* our session id before creating another. The node's data is
-    /// the secret and who holds it ([`HolderInfo::segment`]).
+    /// the secret and who holds it ([`HolderInfo::segment`]). A listing that shows a node of
+    /// another layout refuses (see [`in_order`]); the caller removes ours.
     async fn create_node(
         &self,
         epoch: &Epoch,
-        dir: &str,
+        (dir, name): (&str, &LockName),
         secret: &OwnerSecret,
         admission: Admission,
         holder: &HolderInfo,
@@ -64,7 +65,9 @@ impl ZkBackend {
                         Some(p) if self.inner.repeat.proves_alone(p, stat.czxid) => {
                             path.rsplit('/').next().map(|node| vec![node.to_string()])
                         }
-                        _ => listed.map(|children| in_order(children, &path)),
+                        _ => listed
+                            .map(|children| in_order(children, &path, name))
+                            .transpose()?,
                     };
                     return Ok((path, stat, listed));
                 }
@@ -112,14 +115,15 @@ impl ZkBackend {
         Ok(None)
     }
 
-    /// The queue of `dir` in creation order as seen from our node `path`, as node names.
+    /// The queue of lock `name` (directory `dir`) in creation order as seen from our node
+    /// `path`, as node names; a node of another layout refuses (see [`in_order`]).
     pub(crate) async fn queue(
         &self,
         client: &Client,
-        dir: &str,
+        (dir, name): (&str, &LockName),
         path: &str,
     ) -> Result<Vec<String>> {
-        Ok(in_order(self.call(client.list_children(dir)).await?, path))
+        in_order(self.call(client.list_children(dir)).await?, path, name)
     }
 
     /// Proves our node `path` alive now, through the ensemble's leader: a `sync` (which a
@@ -175,7 +179,7 @@ impl ZkBackend {
             armed: true,
         };
         let created = self
-            .create_node(&epoch, &dir, &secret, admission, &holder)
+            .create_node(&epoch, (&dir, name), &secret, admission, &holder)
             .await;
         let (path, stat, listed) = match created {
             Ok(c) => c,

@@ -47,7 +47,7 @@ impl ZkBackend {
                 Some(q) => q,
                 None => {
                     let asked = Instant::now();
-                    let q = self.queue(&epoch.client, dir, path).await?;
+                    let q = self.queue(&epoch.client, (dir, name), path).await?;
                     if q.contains(&ours) {
                         confirmed = asked;
                     }
@@ -117,7 +117,7 @@ impl ZkBackend {
             } else {
                 let (children, watcher) =
                     self.call(epoch.client.list_and_watch_children(dir)).await?;
-                let now = in_order(children, path);
+                let now = in_order(children, path, name)?;
                 if now.contains(&ours) {
                     confirmed = asked;
                 }

@@ -25,7 +25,10 @@ pub fn for_error(e: &distlock::LockError) -> u8 {
         E::Busy { .. } | E::Timeout { .. } => BUSY,
         // A name is the command line's own input.
         E::InvalidName { .. } => USAGE,
-        E::InvalidConfig { .. } | E::Unsupported { .. } | E::LimitMismatch { .. } => CONFIG,
+        E::InvalidConfig { .. }
+        | E::Unsupported { .. }
+        | E::LimitMismatch { .. }
+        | E::ForeignEntry { .. } => CONFIG,
         E::Lost { .. } | E::NotHeld { .. } => LOST,
         _ => UNAVAILABLE,
     }

@@ -123,6 +123,21 @@ pub enum LockError {
         /// The number the semaphore's current holders or waiters use.
         theirs: u32,
     },
+    /// The name's queue holds an entry of a lock recipe this backend cannot share a queue with
+    /// (on ZooKeeper, a node of kazoo's `Lock`, which counts only its own nodes as contenders
+    /// and so never sees ours): taking the lock beside it could make two holders. Nothing was
+    /// left queued.
+    #[error(
+        "lock {} is queued by another lock recipe (its entry {}), whose holders cannot see distlock's: refused",
+        shown(name),
+        shown(entry)
+    )]
+    ForeignEntry {
+        /// The lock name.
+        name: String,
+        /// The foreign entry (a node name, a key).
+        entry: String,
+    },
     /// The backend failed (network, server error, protocol).
     #[error("{backend} backend failed{}: {source}", if *.retryable { " (retryable)" } else { "" })]
     Backend {
