@@ -226,6 +226,8 @@ impl SameWork {
     async fn once(&self, name: &str, i: usize) {
         use distlock_redis::scripts::ACQUIRE;
         let secret = format!("{i:032x}");
+        // Who holds, as every grant writes it.
+        let holder = distlock::HolderInfo::now().segment();
         match self {
             SameWork::Redis(conns) if conns.len() == 1 => {
                 let keys = same_keys(name);
@@ -241,6 +243,7 @@ impl SameWork {
                     .arg(3_000)
                     .arg(keys.turn())
                     .arg(0)
+                    .arg(&holder)
                     .invoke_async(&mut c)
                     .await
                     .expect("acquire script");
@@ -248,7 +251,7 @@ impl SameWork {
             }
             SameWork::Redis(conns) => {
                 let keys = same_keys(name);
-                set_nx_everywhere(conns, &keys.lock, &format!("{secret}:0")).await;
+                set_nx_everywhere(conns, &keys.lock, &format!("{secret}:0{holder}")).await;
                 // Only the name's arbiter looks for waiters (`RedlockBackend::arbiter`).
                 let arbiter = distlock_redis::redlock::arbiter_index(&keys.lock, conns.len());
                 join_all(conns.iter().enumerate().map(|(i, c)| {
