@@ -14,7 +14,6 @@ use tokio::time::{Instant, timeout_at};
 use zookeeper_client::Error as ZkError;
 
 use crate::client::{ZkBackend, is_zk};
-use crate::paths::owned_by;
 
 /// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
 /// (czxid), FIFO by sequence, client-side re-entrancy, watch wake-ups. The TTL is the session
@@ -115,7 +114,8 @@ impl LockBackend for ZkBackend {
             .iter()
             .map(|(key, _)| {
                 Ok(
-                    if owned_by(&key.resource, &key.secret) && ours.contains(key.resource.as_str())
+                    if self.layout().owned_by(&key.resource, &key.secret)
+                        && ours.contains(key.resource.as_str())
                     {
                         Renewal::Renewed { ttl }
                     } else {
@@ -130,7 +130,7 @@ impl LockBackend for ZkBackend {
     /// While the connection is down, waits up to `op_timeout` for it: a session found expired
     /// took our ephemeral node with it, so that is "not held", not an error.
     async fn release(&self, key: &GrantKey) -> Result<bool> {
-        if !owned_by(&key.resource, &key.secret) {
+        if !self.layout().owned_by(&key.resource, &key.secret) {
             return Ok(false);
         }
         let Some(epoch) = self.epoch_settled().await? else {

@@ -10,7 +10,7 @@ use tokio::time::timeout;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
 
 use crate::config::{NodeAcl, ZkOptions};
-use crate::paths::lock_dir;
+use crate::paths::{Layout, lock_dir};
 use crate::session::Epoch;
 
 /// A lock client over a ZooKeeper ensemble: one session, shared by all its locks. Cheap to clone.
@@ -143,6 +143,11 @@ impl ZkBackend {
                 | ZkError::NotReadOnly
         ) || transport(&e);
         LockError::backend(self.label(), retryable, e)
+    }
+
+    /// Whose node names this client's queues use.
+    pub(crate) fn layout(&self) -> Layout {
+        self.options().layout
     }
 
     pub(crate) fn options(&self) -> &ZkOptions {

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::paths::Layout;
+
 /// What a lease does when the client loses its connection (ZooKeeper's SUSPENDED state: the
 /// session may still live, but nothing we hold can be trusted until it is back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,9 @@ pub struct ZkOptions {
     pub digest: Option<String>,
     /// ACL of the lock nodes. Default [`NodeAcl::Open`].
     pub acl: NodeAcl,
+    /// Whose node names the queues use: Curator's (the default) or kazoo's, to share locks with
+    /// that recipe (see [`Layout`]).
+    pub layout: Layout,
 }
 
 impl std::fmt::Debug for ZkOptions {
@@ -57,6 +62,7 @@ impl std::fmt::Debug for ZkOptions {
                     .map(|d| d.split(':').next().unwrap_or_default().to_string() + ":<redacted>"),
             )
             .field("acl", &self.acl)
+            .field("layout", &self.layout)
             .finish()
     }
 }
@@ -71,6 +77,7 @@ impl Default for ZkOptions {
             on_disconnect: OnDisconnect::Lose,
             digest: None,
             acl: NodeAcl::Open,
+            layout: Layout::Curator,
         }
     }
 }

@@ -13,7 +13,7 @@ use zookeeper_client::{Error as ZkError, OneshotWatcher};
 use crate::ZkBackend;
 use crate::client::is_zk;
 use crate::inspect::head_of;
-use crate::paths::{lock_dir, owned_by};
+use crate::paths::lock_dir;
 
 /// What observers' hints compare: the head node and its data version.
 type HeadState = Option<(String, i32)>;
@@ -23,7 +23,7 @@ impl ZkBackend {
     /// session expired). The path is unique to this grant (sequential), so no other check is
     /// needed.
     pub(crate) async fn announce_node(&self, key: &GrantKey, value: &str) -> Result<bool> {
-        if !owned_by(&key.resource, &key.secret) {
+        if !self.layout().owned_by(&key.resource, &key.secret) {
             return Ok(false);
         }
         let epoch = self.epoch().await?;
@@ -108,7 +108,7 @@ impl ZkBackend {
                     }
                     Err(e) => return Err(e),
                 };
-            let Some(head) = head_of(children) else {
+            let Some(head) = head_of(self.layout(), children) else {
                 return Ok((None, vec![on_children]));
             };
             let path = format!("{dir}/{head}");

@@ -9,8 +9,7 @@ use zookeeper_client::Error as ZkError;
 
 use crate::ZkBackend;
 use crate::client::is_zk;
-use crate::paths::{in_order, known_in_order};
-use crate::paths::{lock_dir, node_limit};
+use crate::paths::{Layout, lock_dir};
 use crate::session::Epoch;
 
 impl ZkBackend {
@@ -39,7 +38,9 @@ impl ZkBackend {
         let Some(reference) = children.first().cloned() else {
             return Ok(Vec::new());
         };
-        Ok(in_order(children, &reference, name)?
+        Ok(self
+            .layout()
+            .in_order(children, &reference, name)?
             .into_iter()
             .map(|c| format!("{dir}/{c}"))
             .collect())
@@ -55,7 +56,10 @@ impl ZkBackend {
             let queue = self.synced_queue(&epoch, &dir, name).await?;
             let limits: Vec<u32> = queue
                 .iter()
-                .map(|path| node_limit(path.rsplit('/').next().unwrap_or(path)))
+                .map(|path| {
+                    self.layout()
+                        .node_limit(path.rsplit('/').next().unwrap_or(path))
+                })
                 .collect();
             let admitted = admitted_count(&limits);
             let mut holders = Vec::with_capacity(admitted);
@@ -81,7 +85,10 @@ impl ZkBackend {
 }
 
 /// The lowest of a directory's queue nodes, in wrap-aware order (any node is a valid reference).
-pub(crate) fn head_of(children: Vec<String>) -> Option<String> {
+pub(crate) fn head_of(layout: Layout, children: Vec<String>) -> Option<String> {
     let reference = children.first()?.clone();
-    known_in_order(children, &reference).into_iter().next()
+    layout
+        .known_in_order(children, &reference)
+        .into_iter()
+        .next()
 }

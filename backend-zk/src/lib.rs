@@ -53,3 +53,4 @@ mod wait;
 pub use backend::CAPABILITIES;
 pub use client::ZkBackend;
 pub use config::{NodeAcl, OnDisconnect, ZkOptions};
+pub use paths::Layout;

@@ -6,6 +6,11 @@
 //! | `<root>/<encoded name>` | container | the lock's queue; ZooKeeper deletes an empty container by itself, so names do not leak znodes |
 //! | `<root>/<encoded name>/_c_<attempt>[#<limit>]-lock-<seq>` | ephemeral sequential | one per acquire attempt, the queue entry; data = owner secret and holder (`<secret>~<holder>`, [`distlock_api::HolderInfo`]), then `:<value>` once an election's leader announced; the lowest sequence holds a lock |
 //!
+//! That is Curator's `InterProcessMutex` naming, the default [`Layout`]. With `layout=kazoo`
+//! the entry is `_c_<attempt>__lock__<seq>` (a lock, a writer) or `_c_<attempt>__rlock__<seq>`
+//! (a reader), the names kazoo's `Lock`, `WriteLock` and `ReadLock` count as contenders; no
+//! semaphores there. A queue holds one layout: a node of the other is refused, never skipped.
+//!
 //! `#<limit>` is the entry's admission limit ([`distlock_api::Admission::entry_suffix`]; none
 //! for a lock's or a writer's entry, whose limit is 1): in the name, so one listing tells a
 //! waiter every limit ahead of it.
@@ -27,9 +32,6 @@
 use distlock_api::{Admission, LockError, LockName, OwnerSecret, Result};
 use sha2::{Digest, Sha256};
 
-/// The marker between the protected prefix and the sequence number.
-pub const LOCK_MARKER: &str = "-lock-";
-
 /// The queue directory of `name`.
 pub fn lock_dir(root: &str, name: &LockName) -> String {
     format!("{root}/{}", name.encoded())
@@ -41,35 +43,136 @@ pub fn attempt_id(secret: &OwnerSecret) -> String {
     digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The path given to the sequential create (the server appends the sequence number).
-pub fn node_prefix(dir: &str, secret: &OwnerSecret, admission: Admission) -> String {
-    format!(
-        "{dir}/_c_{}{}{LOCK_MARKER}",
-        attempt_id(secret),
-        admission.entry_suffix()
-    )
+/// Which recipe's node names a queue uses: one name cannot sort for both Curator and kazoo, so
+/// a backend writes one and refuses nodes of any other ([`Layout::in_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Curator's `InterProcessMutex` names, `_c_<attempt>[#<limit>]-lock-<seq>` (the default).
+    #[default]
+    Curator,
+    /// kazoo's names: `_c_<attempt>__lock__<seq>` for a lock or a writer,
+    /// `_c_<attempt>__rlock__<seq>` for a reader (kazoo's `ReadLock`); no permits.
+    Kazoo,
 }
 
-/// Whether `path` is a node created with `secret` (no server call).
-pub fn owned_by(path: &str, secret: &OwnerSecret) -> bool {
-    path.rsplit('/').next().is_some_and(|node| {
-        node.strip_prefix(&format!("_c_{}", attempt_id(secret)))
-            .is_some_and(|rest| rest.starts_with('#') || rest.starts_with(LOCK_MARKER))
-    })
-}
+/// Curator's marker between the protected prefix and the sequence number.
+const CURATOR: &str = "-lock-";
+/// kazoo's markers: an exclusive contender's, a reader's.
+const KAZOO: &str = "__lock__";
+const KAZOO_READ: &str = "__rlock__";
 
-/// The admission limit a node's name records (1 when it records none).
-pub fn node_limit(node: &str) -> u32 {
-    node.rsplit_once(LOCK_MARKER)
-        .and_then(|(head, _)| head.split_once('#'))
-        .and_then(|(_, limit)| limit.parse().ok())
-        .unwrap_or(1)
-}
+impl Layout {
+    /// The path given to the sequential create (the server appends the sequence number).
+    ///
+    /// # Errors
+    /// `Unsupported` for a permit on the kazoo layout (kazoo's semaphore is another recipe).
+    pub fn node_prefix(
+        self,
+        dir: &str,
+        secret: &OwnerSecret,
+        admission: Admission,
+    ) -> Result<String> {
+        let id = attempt_id(secret);
+        Ok(match (self, admission) {
+            (Layout::Curator, _) => format!("{dir}/_c_{id}{}{CURATOR}", admission.entry_suffix()),
+            (Layout::Kazoo, Admission::Exclusive) => format!("{dir}/_c_{id}{KAZOO}"),
+            (Layout::Kazoo, Admission::Shared) => format!("{dir}/_c_{id}{KAZOO_READ}"),
+            (Layout::Kazoo, Admission::Permit(_)) => {
+                return Err(LockError::Unsupported {
+                    backend: "zk",
+                    what: "semaphores on the kazoo layout (layout=kazoo)".to_string(),
+                });
+            }
+        })
+    }
 
-/// The sequence number of a queue node's name, as the server wrote it (signed 32-bit; see the
-/// module docs for its wrap).
-pub fn sequence(node: &str) -> Option<i32> {
-    node.rsplit_once(LOCK_MARKER)?.1.parse().ok()
+    /// The node's marker and sequence: `None` when the name is not of this layout.
+    fn split(self, node: &str) -> Option<(&str, &'static str, &str)> {
+        let markers: &[&'static str] = match self {
+            Layout::Curator => &[CURATOR],
+            Layout::Kazoo => &[KAZOO_READ, KAZOO],
+        };
+        markers.iter().find_map(|m| {
+            let (head, seq) = node.rsplit_once(m)?;
+            Some((head, *m, seq))
+        })
+    }
+
+    /// Whether `path` is a node created with `secret` (no server call).
+    pub fn owned_by(self, path: &str, secret: &OwnerSecret) -> bool {
+        let Some(node) = path.rsplit('/').next() else {
+            return false;
+        };
+        self.split(node).is_some_and(|(head, _, _)| {
+            head.strip_prefix(&format!("_c_{}", attempt_id(secret)))
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('#'))
+        })
+    }
+
+    /// The admission limit a node's name records (1 when it records none; a kazoo reader's is
+    /// unbounded).
+    pub fn node_limit(self, node: &str) -> u32 {
+        match self.split(node) {
+            Some((_, KAZOO_READ, _)) => Admission::Shared.limit(),
+            Some((head, _, _)) => head
+                .split_once('#')
+                .and_then(|(_, limit)| limit.parse().ok())
+                .unwrap_or(1),
+            None => 1,
+        }
+    }
+
+    /// The sequence number of a queue node's name, as the server wrote it (signed 32-bit; see
+    /// the module docs for its wrap); `None` for a node of another layout.
+    pub fn sequence(self, node: &str) -> Option<i32> {
+        self.split(node)?.2.parse().ok()
+    }
+
+    /// The queue nodes of lock `name` (its directory's `children`: ours, other clients' of the
+    /// same layout) in creation order, as seen from our own node `path` (see [`queue_order`]:
+    /// the sequence suffix wraps).
+    ///
+    /// # Errors
+    /// [`LockError::ForeignEntry`] naming the first child of another layout (kazoo's
+    /// `<id>__lock__<seq>` on the Curator layout, say): its recipe does not count our nodes, so
+    /// queueing beside it could make two holders. Never skipped silently.
+    pub(crate) fn in_order(
+        self,
+        children: Vec<String>,
+        path: &str,
+        name: &LockName,
+    ) -> Result<Vec<String>> {
+        self.refuse_foreign(&children, name)?;
+        Ok(self.known_in_order(children, path))
+    }
+
+    /// [`LockError::ForeignEntry`] for the first of lock `name`'s `children` that is not a
+    /// queue node of this layout (see [`Layout::in_order`]).
+    pub(crate) fn refuse_foreign(self, children: &[String], name: &LockName) -> Result<()> {
+        match children.iter().find(|c| self.sequence(c).is_none()) {
+            Some(foreign) => Err(LockError::ForeignEntry {
+                name: name.to_string(),
+                entry: foreign.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The children of this layout in creation order, as seen from `path` (others left out:
+    /// for hints, where [`Layout::in_order`]'s refusal comes with the read that follows).
+    pub(crate) fn known_in_order(self, children: Vec<String>, path: &str) -> Vec<String> {
+        let reference = path
+            .rsplit('/')
+            .next()
+            .and_then(|n| self.sequence(n))
+            .unwrap_or_default();
+        let mut queue: Vec<(u32, String)> = children
+            .into_iter()
+            .filter_map(|c| Some((queue_order(self.sequence(&c)?, reference), c)))
+            .collect();
+        queue.sort_unstable_by_key(|(key, _)| *key);
+        queue.into_iter().map(|(_, c)| c).collect()
+    }
 }
 
 /// A sort key for `seq` that orders a queue's nodes by creation across the suffix's wrap: the
@@ -82,47 +185,6 @@ pub fn queue_order(seq: i32, reference: i32) -> u32 {
         .wrapping_add(1 << 30)
 }
 
-/// The queue nodes of lock `name` (its directory's `children`: ours, other distlock clients',
-/// Curator's, which share the layout) in creation order, as seen from our own node `path` (see
-/// [`queue_order`]: the sequence suffix wraps).
-///
-/// # Errors
-/// [`LockError::ForeignEntry`] naming the first child of another layout (kazoo's
-/// `<id>__lock__<seq>`, say): its recipe does not count our nodes, so queueing beside it could
-/// make two holders. Never skipped silently.
-pub(crate) fn in_order(children: Vec<String>, path: &str, name: &LockName) -> Result<Vec<String>> {
-    refuse_foreign(&children, name)?;
-    Ok(known_in_order(children, path))
-}
-
-/// [`LockError::ForeignEntry`] for the first of lock `name`'s `children` that is not a queue
-/// node of our layout (see [`in_order`]).
-pub(crate) fn refuse_foreign(children: &[String], name: &LockName) -> Result<()> {
-    match children.iter().find(|c| sequence(c).is_none()) {
-        Some(foreign) => Err(LockError::ForeignEntry {
-            name: name.to_string(),
-            entry: foreign.clone(),
-        }),
-        None => Ok(()),
-    }
-}
-
-/// The children of our layout in creation order, as seen from `path` (others left out: for
-/// hints, where [`in_order`]'s refusal comes with the read that follows).
-pub(crate) fn known_in_order(children: Vec<String>, path: &str) -> Vec<String> {
-    let reference = path
-        .rsplit('/')
-        .next()
-        .and_then(sequence)
-        .unwrap_or_default();
-    let mut queue: Vec<(u32, String)> = children
-        .into_iter()
-        .filter_map(|c| Some((queue_order(sequence(&c)?, reference), c)))
-        .collect();
-    queue.sort_unstable_by_key(|(key, _)| *key);
-    queue.into_iter().map(|(_, c)| c).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,17 +195,33 @@ mod tests {
         let other = OwnerSecret::random().expect("rng");
         let dir = lock_dir("/distlock", &LockName::new("a/b").expect("valid"));
         assert_eq!(dir, "/distlock/a%2Fb");
-        let node = format!("{}0000000042", node_prefix(&dir, &s, Admission::Exclusive));
-        assert!(owned_by(&node, &s));
-        assert!(!owned_by(&node, &other));
-        assert_eq!(node_limit(node.rsplit('/').next().expect("name")), 1);
-        let permit = format!("{}-000000007", node_prefix(&dir, &s, Admission::Permit(4)));
-        assert!(owned_by(&permit, &s));
-        assert!(!owned_by(&permit, &other));
+        let node = format!(
+            "{}0000000042",
+            Layout::Curator
+                .node_prefix(&dir, &s, Admission::Exclusive)
+                .expect("prefix")
+        );
+        assert!(Layout::Curator.owned_by(&node, &s));
+        assert!(!Layout::Curator.owned_by(&node, &other));
+        assert_eq!(
+            Layout::Curator.node_limit(node.rsplit('/').next().expect("name")),
+            1
+        );
+        let permit = format!(
+            "{}-000000007",
+            Layout::Curator
+                .node_prefix(&dir, &s, Admission::Permit(4))
+                .expect("prefix")
+        );
+        assert!(Layout::Curator.owned_by(&permit, &s));
+        assert!(!Layout::Curator.owned_by(&permit, &other));
         let permit = permit.rsplit('/').next().expect("name");
-        assert_eq!(node_limit(permit), 4);
-        assert_eq!(sequence(permit), Some(-7));
-        assert_eq!(sequence(node.rsplit('/').next().expect("name")), Some(42));
+        assert_eq!(Layout::Curator.node_limit(permit), 4);
+        assert_eq!(Layout::Curator.sequence(permit), Some(-7));
+        assert_eq!(
+            Layout::Curator.sequence(node.rsplit('/').next().expect("name")),
+            Some(42)
+        );
     }
 
     #[test]
@@ -157,7 +235,10 @@ mod tests {
             "_c_x-lock--000000001",
             "_c_x-lock-0000000000",
         ];
-        let seqs: Vec<i32> = names.iter().map(|n| sequence(n).expect("parses")).collect();
+        let seqs: Vec<i32> = names
+            .iter()
+            .map(|n| Layout::Curator.sequence(n).expect("parses"))
+            .collect();
         assert_eq!(seqs[2], i32::MIN);
         // A queue holding the four nodes around the signed wrap, seen from any of them.
         for reference in &seqs[..4] {
@@ -172,5 +253,49 @@ mod tests {
         assert!(queue_order(-1, 0) < queue_order(0, 0));
         // A plain parse sorts the wrapped suffix first, beside the holder: the defect.
         assert!(seqs[2] < seqs[0]);
+    }
+
+    #[test]
+    fn kazoo_names_are_counted_by_kazoo_and_refused_by_curator() {
+        let s = OwnerSecret::random().expect("rng");
+        let name = LockName::new("job").expect("valid");
+        let k = Layout::Kazoo;
+        let lock = format!(
+            "{}0000000003",
+            k.node_prefix("/r/job", &s, Admission::Exclusive)
+                .expect("lock")
+        );
+        let read = format!(
+            "{}0000000004",
+            k.node_prefix("/r/job", &s, Admission::Shared)
+                .expect("read")
+        );
+        assert!(lock.ends_with("__lock__0000000003") && read.ends_with("__rlock__0000000004"));
+        assert!(k.owned_by(&lock, &s) && k.owned_by(&read, &s));
+        assert!(k.node_prefix("/r/job", &s, Admission::Permit(3)).is_err());
+        let node = |p: &str| p.rsplit('/').next().expect("name").to_string();
+        assert_eq!(k.node_limit(&node(&lock)), 1);
+        assert_eq!(k.node_limit(&node(&read)), u32::MAX);
+        // kazoo's own node (`<uuid hex>__lock__<seq>`) sorts in one queue with ours.
+        let theirs = "5f1e2d3c4b5a69788796a5b4c3d2e1f0__lock__0000000001".to_string();
+        let queue = k
+            .in_order(vec![node(&read), node(&lock), theirs.clone()], &lock, &name)
+            .expect("one layout");
+        assert_eq!(queue, vec![theirs.clone(), node(&lock), node(&read)]);
+        // Each layout refuses the other's nodes.
+        let curator = format!(
+            "{}0000000005",
+            Layout::Curator
+                .node_prefix("/r/job", &s, Admission::Exclusive)
+                .expect("lock")
+        );
+        assert!(matches!(
+            k.in_order(vec![node(&lock), node(&curator)], &lock, &name),
+            Err(LockError::ForeignEntry { .. })
+        ));
+        assert!(matches!(
+            Layout::Curator.in_order(vec![node(&curator), theirs], &curator, &name),
+            Err(LockError::ForeignEntry { entry, .. }) if entry.contains("__lock__")
+        ));
     }
 }

@@ -12,8 +12,6 @@ use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use crate::client::{ZkBackend, is_local_timeout, is_zk};
-use crate::paths::in_order;
-use crate::paths::{node_prefix, owned_by};
 use crate::session::Epoch;
 use crate::wait::Turn;
 
@@ -39,7 +37,7 @@ impl ZkBackend {
         admission: Admission,
         holder: &HolderInfo,
     ) -> Result<(String, Stat, Option<Vec<String>>)> {
-        let prefix = node_prefix(dir, secret, admission);
+        let prefix = self.layout().node_prefix(dir, secret, admission)?;
         let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
         let data = format!("{}{}", secret.expose_hex(), holder.segment());
         // The repeat grant's proof holds for an exclusive entry only (one admitted with nothing
@@ -66,7 +64,7 @@ impl ZkBackend {
                             path.rsplit('/').next().map(|node| vec![node.to_string()])
                         }
                         _ => listed
-                            .map(|children| in_order(children, &path, name))
+                            .map(|children| self.layout().in_order(children, &path, name))
                             .transpose()?,
                     };
                     return Ok((path, stat, listed));
@@ -104,7 +102,10 @@ impl ZkBackend {
             Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(None),
             Err(e) => return Err(e),
         };
-        for child in children.iter().filter(|c| owned_by(c, secret)) {
+        for child in children
+            .iter()
+            .filter(|c| self.layout().owned_by(c, secret))
+        {
             let path = format!("{dir}/{child}");
             if let Some(stat) = self.call(epoch.client.check_stat(&path)).await?
                 && stat.ephemeral_owner == epoch.session_id()
@@ -123,7 +124,8 @@ impl ZkBackend {
         (dir, name): (&str, &LockName),
         path: &str,
     ) -> Result<Vec<String>> {
-        in_order(self.call(client.list_children(dir)).await?, path, name)
+        self.layout()
+            .in_order(self.call(client.list_children(dir)).await?, path, name)
     }
 
     /// Proves our node `path` alive now, through the ensemble's leader: a `sync` (which a

@@ -12,7 +12,6 @@ use distlock_api::{Admission, LockError, LockName, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::client::{ZkBackend, is_zk};
-use crate::paths::{node_limit, refuse_foreign};
 use crate::session::Epoch;
 
 impl ZkBackend {
@@ -35,8 +34,11 @@ impl ZkBackend {
             Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        refuse_foreign(&children, name)?;
-        let limits: Vec<u32> = children.iter().map(|c| node_limit(c)).collect();
+        self.layout().refuse_foreign(&children, name)?;
+        let limits: Vec<u32> = children
+            .iter()
+            .map(|c| self.layout().node_limit(c))
+            .collect();
         admission.check_ahead(name.as_str(), limits.iter().copied())?;
         if admission.admitted(limits) {
             Ok(())

@@ -1,12 +1,13 @@
 //! The scheme this crate serves and its options, read from a [`BackendUrl`]:
 //! `zk://[user:password@]h1:p1,h2:p2[/chroot]` (the credentials become a digest identity) with
 //! `root`, `session_timeout`, `op_timeout`, `connect_timeout`, `on_disconnect=lose|wait:<d>` and
-//! `acl=open|creator`.
+//! `acl=open|creator`, `layout=curator|kazoo` (whose node names, see [`crate::paths::Layout`]).
 
 use distlock_api::Result;
 use distlock_api::url::{BackendUrl, parse_duration};
 
 use crate::config::{NodeAcl, OnDisconnect, ZkOptions};
+use crate::paths::Layout;
 
 /// Every option a `zk` URL (or a configuration table) takes; any other is refused.
 pub const OPTIONS: &[&str] = &[
@@ -16,6 +17,7 @@ pub const OPTIONS: &[&str] = &[
     "connect_timeout",
     "on_disconnect",
     "acl",
+    "layout",
 ];
 
 /// The connect string (chroot included) and the options, from a `zk://` URL.
@@ -50,6 +52,13 @@ pub fn from_url(url: &mut BackendUrl) -> Result<(String, ZkOptions)> {
             _ => return Err(url.invalid_option("acl", &v, "use open or creator")),
         };
     }
+    if let Some(v) = url.take("layout") {
+        o.layout = match v.as_str() {
+            "curator" => Layout::Curator,
+            "kazoo" => Layout::Kazoo,
+            _ => return Err(url.invalid_option("layout", &v, "use curator or kazoo")),
+        };
+    }
     o.digest = url.user.as_ref().map(|(u, p)| format!("{u}:{p}"));
     let hosts = url.endpoints()?.join(",");
     let chroot = url.path.trim_end_matches('/');
@@ -80,5 +89,21 @@ mod tests {
             };
             assert_eq!(unknown, *name == "colour", "{name}");
         }
+    }
+
+    #[test]
+    fn the_layout_is_curator_or_kazoo_and_nothing_else() {
+        let read = |q: &str| {
+            let mut url =
+                BackendUrl::parse("url", &format!("zk://127.0.0.1:1?{q}"), &BTreeMap::new())
+                    .expect("parses");
+            from_url(&mut url).map(|(_, o)| o.layout)
+        };
+        assert_eq!(read("").expect("default"), Layout::Curator);
+        assert_eq!(read("layout=kazoo").expect("kazoo"), Layout::Kazoo);
+        assert!(matches!(
+            read("layout=redis-py"),
+            Err(LockError::InvalidConfig { key, value, .. }) if key.contains("layout") && value == "redis-py"
+        ));
     }
 }

@@ -9,8 +9,6 @@ use tokio::time::Instant;
 use zookeeper_client::EventType;
 
 use crate::client::ZkBackend;
-use crate::paths::in_order;
-use crate::paths::node_limit;
 use crate::session::Epoch;
 
 impl ZkBackend {
@@ -61,7 +59,7 @@ impl ZkBackend {
                     "our queue node vanished (session lost?)",
                 ));
             };
-            let ahead = || queue[..pos].iter().map(|n| node_limit(n));
+            let ahead = || queue[..pos].iter().map(|n| self.layout().node_limit(n));
             if !std::mem::replace(&mut checked, true) {
                 admission.check_ahead(name.as_str(), ahead())?;
             }
@@ -117,7 +115,7 @@ impl ZkBackend {
             } else {
                 let (children, watcher) =
                     self.call(epoch.client.list_and_watch_children(dir)).await?;
-                let now = in_order(children, path, name)?;
+                let now = self.layout().in_order(children, path, name)?;
                 if now.contains(&ours) {
                     confirmed = asked;
                 }

@@ -1,8 +1,10 @@
 //! Sharing a ZooKeeper path with another language's lock recipe, with the real peers from
 //! Debian. kazoo's `Lock` (python3-kazoo) names its nodes `<id>__lock__<seq>` and counts only
-//! such nodes as contenders: it never sees distlock's nodes, so the two cannot share a queue.
-//! distlock refuses, with a typed error naming the node, to queue where a node of a layout it
-//! does not know is: never a silent skip that would let both hold.
+//! such nodes as contenders: it never sees distlock's default (Curator) nodes, so distlock
+//! refuses, with a typed error naming the node, to queue where a node of a layout it does not
+//! know is: never a silent skip that would let both hold. With `layout=kazoo` distlock names its
+//! nodes as kazoo does, and the two share one queue: exclusion and wake-ups both ways, a mixed
+//! queue served in arrival order, readers shared with kazoo's `ReadLock`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -10,19 +12,20 @@ use std::time::Duration;
 use distlock::{AcquireOptions, LockClient, LockError};
 use distlock_conformance::deployments::zk::options;
 use distlock_conformance::harness::{ZkEnsemble, require};
-use distlock_zk::ZkBackend;
+use distlock_zk::{Layout, ZkBackend, ZkOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::timeout;
 
 const PYTHON: &str = "/usr/bin/python3";
 
-/// A kazoo `Lock` holder on `path`: prints `held` once granted, releases when its stdin closes.
+/// A kazoo holder on `path` (`argv[3]`: `Lock`, `ReadLock` or `WriteLock`): prints `held` once
+/// granted, releases when its stdin closes.
 const KAZOO_HOLDER: &str = r#"
 import sys
 from kazoo.client import KazooClient
 zk = KazooClient(hosts=sys.argv[1])
 zk.start()
-lock = zk.Lock(sys.argv[2], "kazoo")
+lock = getattr(zk, sys.argv[3])(sys.argv[2], "kazoo")
 lock.acquire()
 print("held", flush=True)
 sys.stdin.read()
@@ -40,10 +43,12 @@ struct KazooHolder {
 }
 
 impl KazooHolder {
-    fn spawn(zk: &ZkEnsemble) -> Self {
-        let path = format!("{}/{NAME}", options().root);
+    /// kazoo's `recipe` (`Lock`, `ReadLock`, `WriteLock`) on distlock's lock `name`.
+    fn spawn(zk: &ZkEnsemble, name: &str, recipe: &str) -> Self {
+        let name = distlock::LockName::new(name).expect("valid");
+        let path = distlock_zk::paths::lock_dir(&options().root, &name);
         let mut child = tokio::process::Command::new(PYTHON)
-            .args(["-c", KAZOO_HOLDER, &zk.connect_string(), &path])
+            .args(["-c", KAZOO_HOLDER, &zk.connect_string(), &path, recipe])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -91,20 +96,14 @@ fn refused(got: Result<distlock::Lease, LockError>) -> String {
 /// the other way round: kazoo does not see distlock's nodes, which is why distlock refuses.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kazoo_lock_on_the_path_is_refused_by_name_and_leaves_nothing() {
-    require(PYTHON, "python3").expect("python3");
-    let kazoo_installed = std::process::Command::new(PYTHON)
-        .args(["-c", "import kazoo"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(kazoo_installed, "python3-kazoo is not installed");
-    let zk = ZkEnsemble::start(1).expect("zookeeper");
+    let zk = zookeeper_and_kazoo();
     let backend = ZkBackend::connect(&zk.connect_string(), options())
         .await
         .expect("connect");
     let client = LockClient::new(std::sync::Arc::new(backend));
     let opts = AcquireOptions::with_ttl(Duration::from_secs(4));
 
-    let mut kazoo = KazooHolder::spawn(&zk);
+    let mut kazoo = KazooHolder::spawn(&zk, NAME, "Lock");
     assert!(
         kazoo.holds_within(Duration::from_secs(20)).await,
         "kazoo never held"
@@ -131,4 +130,112 @@ async fn a_kazoo_lock_on_the_path_is_refused_by_name_and_leaves_nothing() {
         .await
         .expect("free once kazoo released");
     assert!(lease.release().await.expect("release"));
+}
+
+fn zookeeper_and_kazoo() -> ZkEnsemble {
+    require(PYTHON, "python3").expect("python3");
+    let kazoo_installed = std::process::Command::new(PYTHON)
+        .args(["-c", "import kazoo"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(kazoo_installed, "python3-kazoo is not installed");
+    ZkEnsemble::start(1).expect("zookeeper")
+}
+
+/// On `layout=kazoo`, distlock and kazoo share one queue: each waits for the other and is woken
+/// by its release; a mixed queue (kazoo, distlock, kazoo) is served in arrival order; a distlock
+/// reader and kazoo's `ReadLock` hold together while kazoo's `WriteLock` waits for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
+    let zk = zookeeper_and_kazoo();
+    let connect = || async {
+        let o = ZkOptions {
+            layout: Layout::Kazoo,
+            ..options()
+        };
+        let backend = ZkBackend::connect(&zk.connect_string(), o)
+            .await
+            .expect("connect");
+        LockClient::new(std::sync::Arc::new(backend))
+    };
+    let client = connect().await;
+    let opts = AcquireOptions::with_ttl(Duration::from_secs(4));
+    let name = "kazoo-shared";
+    let waiters = async |n: usize| {
+        for _ in 0..200 {
+            if client.inspect(name).await.expect("inspect").waiters == n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+
+    // distlock holds, kazoo waits, and is woken by distlock's release.
+    let ours = client.try_acquire(name, &opts).await.expect("free");
+    let mut k1 = KazooHolder::spawn(&zk, name, "Lock");
+    assert!(
+        !k1.holds_within(Duration::from_secs(1)).await,
+        "kazoo held beside distlock"
+    );
+    assert!(ours.release().await.expect("release"));
+    assert!(
+        k1.holds_within(Duration::from_secs(5)).await,
+        "kazoo not woken"
+    );
+
+    // kazoo holds; distlock queues, then another kazoo: served in that order.
+    let c = connect().await;
+    let o = opts.clone();
+    let d1 = tokio::spawn(async move { c.acquire(name, &o, Duration::from_secs(20)).await });
+    assert!(waiters(1).await, "distlock's waiter never queued");
+    let mut k2 = KazooHolder::spawn(&zk, name, "Lock");
+    assert!(waiters(2).await, "kazoo's waiter never queued");
+    k1.release().await;
+    let d1 = timeout(Duration::from_secs(5), d1)
+        .await
+        .expect("distlock woken by kazoo's release")
+        .expect("task")
+        .expect("granted");
+    assert!(
+        !k2.holds_within(Duration::from_millis(500)).await,
+        "kazoo jumped the queue"
+    );
+    assert!(d1.release().await.expect("release"));
+    assert!(
+        k2.holds_within(Duration::from_secs(5)).await,
+        "kazoo not woken in turn"
+    );
+    k2.release().await;
+
+    // Readers share across the two; kazoo's writer waits for both.
+    let rw = client.rwlock(name).expect("rwlock").options(opts.clone());
+    let read = rw.try_read().await.expect("read");
+    let queue = format!("{}{name}", distlock::RWLOCK_LOCK_PREFIX);
+    let mut kr = KazooHolder::spawn(&zk, &queue, "ReadLock");
+    assert!(
+        kr.holds_within(Duration::from_secs(5)).await,
+        "kazoo's reader not admitted beside ours"
+    );
+    let mut kw = KazooHolder::spawn(&zk, &queue, "WriteLock");
+    assert!(
+        !kw.holds_within(Duration::from_secs(1)).await,
+        "kazoo's writer beside readers"
+    );
+    assert!(read.release().await.expect("release"));
+    assert!(
+        !kw.holds_within(Duration::from_millis(500)).await,
+        "kazoo's writer beside kazoo's reader"
+    );
+    kr.release().await;
+    assert!(
+        kw.holds_within(Duration::from_secs(5)).await,
+        "kazoo's writer not woken"
+    );
+    kw.release().await;
+    let name = distlock::LockName::new(name).expect("valid");
+    assert_eq!(
+        distlock_conformance::leftovers::zk_at(&zk.connect_string(), &options().root, &name).await,
+        0
+    );
 }

@@ -59,7 +59,7 @@ pub enum BackendSpec {
         /// Backend options.
         options: distlock_etcd::EtcdOptions,
     },
-    /// `zk://[user:password@]h1:p1,h2:p2[/chroot][?root=..&session_timeout=..&on_disconnect=lose|wait:5s&acl=open|creator]`.
+    /// `zk://[user:password@]h1:p1,h2:p2[/chroot][?root=..&session_timeout=..&on_disconnect=lose|wait:5s&acl=open|creator&layout=curator|kazoo]`.
     #[cfg(feature = "zk")]
     Zk {
         /// The connect string, chroot included.
