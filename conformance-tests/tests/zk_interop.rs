@@ -4,7 +4,9 @@
 //! refuses, with a typed error naming the node, to queue where a node of a layout it does not
 //! know is: never a silent skip that would let both hold. With `layout=kazoo` distlock names its
 //! nodes as kazoo does, and the two share one queue: exclusion and wake-ups both ways, a mixed
-//! queue served in arrival order, readers shared with kazoo's `ReadLock`.
+//! queue served in arrival order, readers shared with kazoo's `ReadLock`. Curator's
+//! `InterProcessMutex` (libcurator-recipes-java, run by a JDK's single-file launcher) names its
+//! nodes as distlock's default layout does, and shares the queue the same way.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -36,13 +38,13 @@ zk.stop()
 /// The root every client here uses (kazoo's lock path is `<root>/<name>`).
 const NAME: &str = "kazoo-job";
 
-/// One kazoo `Lock` holder of `NAME`.
-struct KazooHolder {
+/// One holder of another language's recipe (kazoo, Curator), in a process of its own.
+struct PeerHolder {
     child: tokio::process::Child,
     lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
 }
 
-impl KazooHolder {
+impl PeerHolder {
     /// kazoo's `recipe` (`Lock`, `ReadLock`, `WriteLock`) on distlock's lock `name`.
     fn spawn(zk: &ZkEnsemble, name: &str, recipe: &str) -> Self {
         let name = distlock::LockName::new(name).expect("valid");
@@ -56,7 +58,7 @@ impl KazooHolder {
             .spawn()
             .expect("python3 with kazoo");
         let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        KazooHolder { child, lines }
+        PeerHolder { child, lines }
     }
 
     /// Whether it holds within `limit`.
@@ -103,7 +105,7 @@ async fn a_kazoo_lock_on_the_path_is_refused_by_name_and_leaves_nothing() {
     let client = LockClient::new(std::sync::Arc::new(backend));
     let opts = AcquireOptions::with_ttl(Duration::from_secs(4));
 
-    let mut kazoo = KazooHolder::spawn(&zk, NAME, "Lock");
+    let mut kazoo = PeerHolder::spawn(&zk, NAME, "Lock");
     assert!(
         kazoo.holds_within(Duration::from_secs(20)).await,
         "kazoo never held"
@@ -173,7 +175,7 @@ async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
 
     // distlock holds, kazoo waits, and is woken by distlock's release.
     let ours = client.try_acquire(name, &opts).await.expect("free");
-    let mut k1 = KazooHolder::spawn(&zk, name, "Lock");
+    let mut k1 = PeerHolder::spawn(&zk, name, "Lock");
     assert!(
         !k1.holds_within(Duration::from_secs(1)).await,
         "kazoo held beside distlock"
@@ -189,7 +191,7 @@ async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
     let o = opts.clone();
     let d1 = tokio::spawn(async move { c.acquire(name, &o, Duration::from_secs(20)).await });
     assert!(waiters(1).await, "distlock's waiter never queued");
-    let mut k2 = KazooHolder::spawn(&zk, name, "Lock");
+    let mut k2 = PeerHolder::spawn(&zk, name, "Lock");
     assert!(waiters(2).await, "kazoo's waiter never queued");
     k1.release().await;
     let d1 = timeout(Duration::from_secs(5), d1)
@@ -212,12 +214,12 @@ async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
     let rw = client.rwlock(name).expect("rwlock").options(opts.clone());
     let read = rw.try_read().await.expect("read");
     let queue = format!("{}{name}", distlock::RWLOCK_LOCK_PREFIX);
-    let mut kr = KazooHolder::spawn(&zk, &queue, "ReadLock");
+    let mut kr = PeerHolder::spawn(&zk, &queue, "ReadLock");
     assert!(
         kr.holds_within(Duration::from_secs(5)).await,
         "kazoo's reader not admitted beside ours"
     );
-    let mut kw = KazooHolder::spawn(&zk, &queue, "WriteLock");
+    let mut kw = PeerHolder::spawn(&zk, &queue, "WriteLock");
     assert!(
         !kw.holds_within(Duration::from_secs(1)).await,
         "kazoo's writer beside readers"
@@ -233,6 +235,141 @@ async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
         "kazoo's writer not woken"
     );
     kw.release().await;
+    let name = distlock::LockName::new(name).expect("valid");
+    assert_eq!(
+        distlock_conformance::leftovers::zk_at(&zk.connect_string(), &options().root, &name).await,
+        0
+    );
+}
+
+/// A Curator `InterProcessMutex` holder on `args[1]`: prints `held` once granted, releases when
+/// its stdin closes.
+const CURATOR_HOLDER: &str = r#"
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.retry.RetryNTimes;
+
+public class CuratorHolder {
+    public static void main(String[] args) throws Exception {
+        CuratorFramework c = CuratorFrameworkFactory.newClient(args[0], new RetryNTimes(3, 100));
+        c.start();
+        InterProcessMutex m = new InterProcessMutex(c, args[1]);
+        m.acquire();
+        System.out.println("held");
+        System.out.flush();
+        while (System.in.read() >= 0) {}
+        m.release();
+        c.close();
+    }
+}
+"#;
+
+/// Debian's Curator, ZooKeeper client and what they need.
+const CURATOR_JARS: &[&str] = &[
+    "curator-recipes",
+    "curator-framework",
+    "curator-client",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+];
+
+impl PeerHolder {
+    /// A Curator `InterProcessMutex` on distlock's lock `name` (same handling as kazoo's).
+    fn curator(zk: &ZkEnsemble, dir: &std::path::Path, name: &str) -> Self {
+        let source = dir.join("CuratorHolder.java");
+        std::fs::write(&source, CURATOR_HOLDER).expect("java source");
+        let classpath: Vec<String> = CURATOR_JARS
+            .iter()
+            .map(|j| format!("/usr/share/java/{j}.jar"))
+            .collect();
+        let name = distlock::LockName::new(name).expect("valid");
+        let path = distlock_zk::paths::lock_dir(&options().root, &name);
+        let mut child = tokio::process::Command::new(JAVA)
+            .arg("-cp")
+            .arg(classpath.join(":"))
+            .arg(&source)
+            .args([&zk.connect_string(), &path])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("java");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        PeerHolder { child, lines }
+    }
+}
+
+const JAVA: &str = "/usr/bin/java";
+
+/// On the default layout, distlock and Curator's `InterProcessMutex` share one queue: Curator
+/// waits for distlock and is woken by its release; a Curator, distlock, Curator queue is served
+/// in that order, each woken by the other's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_distlock_share_one_queue() {
+    for jar in CURATOR_JARS {
+        require(
+            &format!("/usr/share/java/{jar}.jar"),
+            "libcurator-recipes-java",
+        )
+        .expect("jar");
+    }
+    require(JAVA, "default-jdk-headless").expect("java");
+    let zk = ZkEnsemble::start(1).expect("zookeeper");
+    let dir = distlock_conformance::harness::TempDir::new("curator").expect("dir");
+    let connect = || async {
+        let backend = ZkBackend::connect(&zk.connect_string(), options())
+            .await
+            .expect("connect");
+        LockClient::new(std::sync::Arc::new(backend))
+    };
+    let client = connect().await;
+    let opts = AcquireOptions::with_ttl(Duration::from_secs(4));
+    let name = "curator-shared";
+    let waiters = async |n: usize| {
+        for _ in 0..400 {
+            if client.inspect(name).await.expect("inspect").waiters == n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+    // A JVM starts slowly: generous limits where something must happen.
+    let soon = Duration::from_secs(30);
+
+    let ours = client.try_acquire(name, &opts).await.expect("free");
+    let mut c1 = PeerHolder::curator(&zk, dir.path(), name);
+    assert!(waiters(1).await, "Curator's waiter never queued");
+    assert!(
+        !c1.holds_within(Duration::from_millis(500)).await,
+        "Curator held beside distlock"
+    );
+    assert!(ours.release().await.expect("release"));
+    assert!(c1.holds_within(soon).await, "Curator not woken");
+
+    let c = connect().await;
+    let o = opts.clone();
+    let d1 = tokio::spawn(async move { c.acquire(name, &o, Duration::from_secs(60)).await });
+    assert!(waiters(1).await, "distlock's waiter never queued");
+    let mut c2 = PeerHolder::curator(&zk, dir.path(), name);
+    assert!(waiters(2).await, "the second Curator waiter never queued");
+    c1.release().await;
+    let d1 = timeout(Duration::from_secs(5), d1)
+        .await
+        .expect("distlock woken by Curator's release")
+        .expect("task")
+        .expect("granted");
+    assert!(
+        !c2.holds_within(Duration::from_millis(500)).await,
+        "Curator jumped the queue"
+    );
+    assert!(d1.release().await.expect("release"));
+    assert!(c2.holds_within(soon).await, "Curator not woken in turn");
+    c2.release().await;
     let name = distlock::LockName::new(name).expect("valid");
     assert_eq!(
         distlock_conformance::leftovers::zk_at(&zk.connect_string(), &options().root, &name).await,
