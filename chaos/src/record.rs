@@ -87,3 +87,44 @@ pub fn commit() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_kept_beside_the_report_and_read_back_in_order() {
+        assert_eq!(
+            path_for(Path::new("docs/faults.md")),
+            PathBuf::from("docs/faults-runs.jsonl")
+        );
+        let dir = distlock_conformance::harness::TempDir::new("records").expect("dir");
+        let file = dir.path().join("faults-runs.jsonl");
+        assert!(load(&file).expect("no file yet").is_empty());
+        for (i, run) in ["lock/redis/kill-client", "election/zk3/partition-member"]
+            .iter()
+            .enumerate()
+        {
+            let findings = Findings {
+                operations: 10 + i,
+                lost_latencies: vec![5, 7],
+                ..Findings::default()
+            };
+            let r = Record {
+                run: (*run).to_string(),
+                seconds: 30,
+                commit: "abc1234".into(),
+                findings,
+            };
+            append(&file, &r).expect("append");
+        }
+        let kept = load(&file).expect("load");
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept[1].run, "election/zk3/partition-member");
+        assert_eq!(kept[1].findings.operations, 11);
+        assert_eq!(kept[0].findings.lost_latencies, vec![5, 7]);
+        std::fs::write(&file, "{\"run\": 1}\n").expect("write");
+        let e = load(&file).expect_err("a bad line");
+        assert!(e.contains("faults-runs.jsonl:1:"), "the line is named: {e}");
+    }
+}
