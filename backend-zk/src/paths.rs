@@ -44,7 +44,7 @@ pub fn attempt_id(secret: &OwnerSecret) -> String {
 }
 
 /// Which recipe's node names a queue uses: one name cannot sort for both Curator and kazoo, so
-/// a backend writes one and refuses nodes of any other ([`Layout::in_order`]).
+/// a backend writes one and refuses nodes of any other (`LockError::ForeignEntry`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Layout {
     /// Curator's `InterProcessMutex` names, `_c_<attempt>[#<limit>]-lock-<seq>` (the default).

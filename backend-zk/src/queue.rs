@@ -28,7 +28,7 @@ impl ZkBackend {
     /// listing (see [`RepeatGrant`]). After a connection loss during create, finds the node by
     /// its protected prefix *and* our session id before creating another. The node's data is
     /// the secret and who holds it ([`HolderInfo::segment`]). A listing that shows a node of
-    /// another layout refuses (see [`in_order`]); the caller removes ours.
+    /// another layout refuses (see [`crate::paths::Layout::in_order`]); the caller removes ours.
     async fn create_node(
         &self,
         epoch: &Epoch,
@@ -117,7 +117,7 @@ impl ZkBackend {
     }
 
     /// The queue of lock `name` (directory `dir`) in creation order as seen from our node
-    /// `path`, as node names; a node of another layout refuses (see [`in_order`]).
+    /// `path`, as node names; a node of another layout refuses (see [`crate::paths::Layout::in_order`]).
     pub(crate) async fn queue(
         &self,
         client: &Client,
