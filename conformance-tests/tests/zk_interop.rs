@@ -8,14 +8,12 @@
 //! `InterProcessMutex` (libcurator-recipes-java, run by a JDK's single-file launcher) names its
 //! nodes as distlock's default layout does, and shares the queue the same way.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient, LockError};
 use distlock_conformance::deployments::zk::options;
-use distlock_conformance::harness::{ZkEnsemble, require};
+use distlock_conformance::harness::{PeerHolder, ZkEnsemble, require};
 use distlock_zk::{Layout, ZkBackend, ZkOptions};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::timeout;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -38,49 +36,13 @@ zk.stop()
 /// The root every client here uses (kazoo's lock path is `<root>/<name>`).
 const NAME: &str = "kazoo-job";
 
-/// One holder of another language's recipe (kazoo, Curator), in a process of its own.
-struct PeerHolder {
-    child: tokio::process::Child,
-    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-}
-
-impl PeerHolder {
-    /// kazoo's `recipe` (`Lock`, `ReadLock`, `WriteLock`) on distlock's lock `name`.
-    fn spawn(zk: &ZkEnsemble, name: &str, recipe: &str) -> Self {
-        let name = distlock::LockName::new(name).expect("valid");
-        let path = distlock_zk::paths::lock_dir(&options().root, &name);
-        let mut child = tokio::process::Command::new(PYTHON)
-            .args(["-c", KAZOO_HOLDER, &zk.connect_string(), &path, recipe])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 with kazoo");
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        PeerHolder { child, lines }
-    }
-
-    /// Whether it holds within `limit`.
-    async fn holds_within(&mut self, limit: Duration) -> bool {
-        matches!(
-            timeout(limit, self.lines.next_line()).await,
-            Ok(Ok(Some(line))) if line == "held"
-        )
-    }
-
-    /// Releases (its stdin closes) and waits for it to end.
-    async fn release(mut self) {
-        let stdin = self.child.stdin.take();
-        if let Some(mut s) = stdin {
-            let _ = s.shutdown().await;
-        }
-        let status = timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .expect("kazoo ends")
-            .expect("kazoo status");
-        assert!(status.success(), "kazoo holder failed: {status}");
-    }
+/// kazoo's `recipe` (`Lock`, `ReadLock`, `WriteLock`) on distlock's lock `name`.
+fn kazoo(zk: &ZkEnsemble, name: &str, recipe: &str) -> PeerHolder {
+    let name = distlock::LockName::new(name).expect("valid");
+    let path = distlock_zk::paths::lock_dir(&options().root, &name);
+    let mut python = tokio::process::Command::new(PYTHON);
+    python.args(["-c", KAZOO_HOLDER, &zk.connect_string(), &path, recipe]);
+    PeerHolder::spawn(python)
 }
 
 fn refused(got: Result<distlock::Lease, LockError>) -> String {
@@ -105,7 +67,7 @@ async fn a_kazoo_lock_on_the_path_is_refused_by_name_and_leaves_nothing() {
     let client = LockClient::new(std::sync::Arc::new(backend));
     let opts = AcquireOptions::with_ttl(Duration::from_secs(4));
 
-    let mut kazoo = PeerHolder::spawn(&zk, NAME, "Lock");
+    let mut kazoo = kazoo(&zk, NAME, "Lock");
     assert!(
         kazoo.holds_within(Duration::from_secs(20)).await,
         "kazoo never held"
@@ -175,7 +137,7 @@ async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
 
     // distlock holds, kazoo waits, and is woken by distlock's release.
     let ours = client.try_acquire(name, &opts).await.expect("free");
-    let mut k1 = PeerHolder::spawn(&zk, name, "Lock");
+    let mut k1 = kazoo(&zk, name, "Lock");
     assert!(
         !k1.holds_within(Duration::from_secs(1)).await,
         "kazoo held beside distlock"
@@ -191,7 +153,7 @@ async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
     let o = opts.clone();
     let d1 = tokio::spawn(async move { c.acquire(name, &o, Duration::from_secs(20)).await });
     assert!(waiters(1).await, "distlock's waiter never queued");
-    let mut k2 = PeerHolder::spawn(&zk, name, "Lock");
+    let mut k2 = kazoo(&zk, name, "Lock");
     assert!(waiters(2).await, "kazoo's waiter never queued");
     k1.release().await;
     let d1 = timeout(Duration::from_secs(5), d1)
@@ -214,12 +176,12 @@ async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
     let rw = client.rwlock(name).expect("rwlock").options(opts.clone());
     let read = rw.try_read().await.expect("read");
     let queue = format!("{}{name}", distlock::RWLOCK_LOCK_PREFIX);
-    let mut kr = PeerHolder::spawn(&zk, &queue, "ReadLock");
+    let mut kr = kazoo(&zk, &queue, "ReadLock");
     assert!(
         kr.holds_within(Duration::from_secs(5)).await,
         "kazoo's reader not admitted beside ours"
     );
-    let mut kw = PeerHolder::spawn(&zk, &queue, "WriteLock");
+    let mut kw = kazoo(&zk, &queue, "WriteLock");
     assert!(
         !kw.holds_within(Duration::from_secs(1)).await,
         "kazoo's writer beside readers"
@@ -276,31 +238,22 @@ const CURATOR_JARS: &[&str] = &[
     "slf4j-api",
 ];
 
-impl PeerHolder {
-    /// A Curator `InterProcessMutex` on distlock's lock `name` (same handling as kazoo's).
-    fn curator(zk: &ZkEnsemble, dir: &std::path::Path, name: &str) -> Self {
-        let source = dir.join("CuratorHolder.java");
-        std::fs::write(&source, CURATOR_HOLDER).expect("java source");
-        let classpath: Vec<String> = CURATOR_JARS
-            .iter()
-            .map(|j| format!("/usr/share/java/{j}.jar"))
-            .collect();
-        let name = distlock::LockName::new(name).expect("valid");
-        let path = distlock_zk::paths::lock_dir(&options().root, &name);
-        let mut child = tokio::process::Command::new(JAVA)
-            .arg("-cp")
-            .arg(classpath.join(":"))
-            .arg(&source)
-            .args([&zk.connect_string(), &path])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("java");
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        PeerHolder { child, lines }
-    }
+/// A Curator `InterProcessMutex` on distlock's lock `name` (same handling as kazoo's).
+fn curator(zk: &ZkEnsemble, dir: &std::path::Path, name: &str) -> PeerHolder {
+    let source = dir.join("CuratorHolder.java");
+    std::fs::write(&source, CURATOR_HOLDER).expect("java source");
+    let classpath: Vec<String> = CURATOR_JARS
+        .iter()
+        .map(|j| format!("/usr/share/java/{j}.jar"))
+        .collect();
+    let name = distlock::LockName::new(name).expect("valid");
+    let path = distlock_zk::paths::lock_dir(&options().root, &name);
+    let mut java = tokio::process::Command::new(JAVA);
+    java.arg("-cp")
+        .arg(classpath.join(":"))
+        .arg(&source)
+        .args([&zk.connect_string(), &path]);
+    PeerHolder::spawn(java)
 }
 
 const JAVA: &str = "/usr/bin/java";
@@ -342,7 +295,7 @@ async fn curator_and_distlock_share_one_queue() {
     let soon = Duration::from_secs(30);
 
     let ours = client.try_acquire(name, &opts).await.expect("free");
-    let mut c1 = PeerHolder::curator(&zk, dir.path(), name);
+    let mut c1 = curator(&zk, dir.path(), name);
     assert!(waiters(1).await, "Curator's waiter never queued");
     assert!(
         !c1.holds_within(Duration::from_millis(500)).await,
@@ -355,7 +308,7 @@ async fn curator_and_distlock_share_one_queue() {
     let o = opts.clone();
     let d1 = tokio::spawn(async move { c.acquire(name, &o, Duration::from_secs(60)).await });
     assert!(waiters(1).await, "distlock's waiter never queued");
-    let mut c2 = PeerHolder::curator(&zk, dir.path(), name);
+    let mut c2 = curator(&zk, dir.path(), name);
     assert!(waiters(2).await, "the second Curator waiter never queued");
     c1.release().await;
     let d1 = timeout(Duration::from_secs(5), d1)
