@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::client::RedisBackend;
 use crate::conn::Conn;
 use crate::keys::slot;
+use crate::plain::no_plain_election;
 use crate::release::Sent;
 use crate::scripts::{self, Call};
 
@@ -29,6 +30,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(10),
     wakeup: Wakeup::PubSub,
     policies: true,
+    listed_waiters: true,
 };
 
 impl RedisBackend {
@@ -58,14 +60,24 @@ impl LockBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> &Capabilities {
-        &CAPABILITIES
+        self.layout_capabilities()
     }
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Grant> {
+        if self.plain() {
+            return self
+                .plain_acquire(name, Admission::Exclusive, ttl, None)
+                .await;
+        }
         self.queued(name, ttl, None, None).await
     }
 
     async fn acquire(&self, name: &LockName, ttl: Duration, deadline: Instant) -> Result<Grant> {
+        if self.plain() {
+            return self
+                .plain_acquire(name, Admission::Exclusive, ttl, Some(deadline))
+                .await;
+        }
         self.queued(name, ttl, Some(deadline), None).await
     }
 
@@ -76,6 +88,9 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
         deadline: Option<Instant>,
     ) -> Result<Grant> {
+        if self.plain() {
+            return self.plain_acquire(name, admission, ttl, deadline).await;
+        }
         self.queued(name, ttl, deadline, Some(admission)).await
     }
 
@@ -142,18 +157,30 @@ impl LockBackend for RedisBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
+        if self.plain() {
+            return self.plain_inspect(name).await;
+        }
         self.inspect_lock(name).await
     }
 
     async fn announce(&self, key: &GrantKey, token: FencingToken, value: &str) -> Result<bool> {
+        if self.plain() {
+            return Err(no_plain_election());
+        }
         self.announce_lock(key, token, value).await
     }
 
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        if self.plain() {
+            return Err(no_plain_election());
+        }
         self.lock_leader(name).await
     }
 
     async fn leader_changes(&self, name: &LockName) -> Result<BoxStream<'static, ()>> {
+        if self.plain() {
+            return Err(no_plain_election());
+        }
         self.announcements(name).await
     }
 }

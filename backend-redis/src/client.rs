@@ -1,6 +1,7 @@
 //! The client: connecting to one server, a Cluster or Sentinel's master, and every request
 //! sent with its timeout and error mapping; the release notifications' subscriptions.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use distlock_api::{LockError, LockName, OwnerSecret, Result};
@@ -8,9 +9,9 @@ use redis::{ConnectionInfo, IntoConnectionInfo, RedisError, RetryMethod};
 use tokio::time::timeout;
 
 use crate::config::redact;
-use crate::config::{RedisOptions, RedisTopology};
+use crate::config::{RedisLayout, RedisOptions, RedisTopology};
 use crate::conn::{Conn, Pushes};
-use crate::keys::{LockKeys, lock_keys};
+use crate::keys::{LockKeys, lock_keys, plain_keys};
 use crate::notify::{Notifier, Subscription};
 use crate::scripts::Call;
 
@@ -29,6 +30,9 @@ pub struct RedisBackend {
     pub(crate) notifier: Arc<Notifier>,
     pub(crate) options: RedisOptions,
     pub(crate) server: String,
+    /// On the plain layout, the keyspace channel prefix (`__keyspace@<db>__:`) when the server
+    /// publishes the events a waiter needs (see `plain.rs`).
+    pub(crate) keyspace: Option<String>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -66,6 +70,7 @@ impl RedisBackend {
     /// backend error when the server cannot be reached within `connect_timeout`.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self> {
         let info = parse(url)?;
+        let info_db = info.redis_settings().db();
         let server = format!("redis {}", info.addr());
         let notifier = Arc::new(Notifier::default());
         let conn = connecting(
@@ -74,11 +79,13 @@ impl RedisBackend {
             Conn::single(info, &pushes(&notifier), &options),
         )
         .await?;
+        let keyspace = keyspace_events(&conn, &options, info_db).await;
         Ok(RedisBackend {
             conn,
             notifier,
             options,
             server,
+            keyspace,
         })
     }
 
@@ -118,6 +125,9 @@ impl RedisBackend {
             notifier,
             options,
             server,
+            // Keyspace events are per node (Cluster) and per server (a Sentinel failover moves
+            // to one whose settings may differ): waiters there poll.
+            keyspace: None,
         })
     }
 
@@ -178,6 +188,9 @@ impl RedisBackend {
             notifier,
             options,
             server,
+            // Keyspace events are per node (Cluster) and per server (a Sentinel failover moves
+            // to one whose settings may differ): waiters there poll.
+            keyspace: None,
         })
     }
 
@@ -202,9 +215,17 @@ impl RedisBackend {
             .await
     }
 
-    /// The keys of `name` under this client's prefix (see [`crate::keys`]).
+    /// The keys of `name` under this client's prefix and layout (see [`crate::keys`]).
     pub fn keys(&self, name: &LockName) -> LockKeys {
-        lock_keys(&self.options.prefix, name)
+        match &self.options.layout {
+            RedisLayout::Distlock => lock_keys(&self.options.prefix, name),
+            RedisLayout::Plain { prefix } => plain_keys(prefix, name),
+        }
+    }
+
+    /// Whether this client uses the plain layout.
+    pub(crate) fn plain(&self) -> bool {
+        matches!(self.options.layout, RedisLayout::Plain { .. })
     }
 
     pub(crate) fn conn(&self) -> &Conn {
@@ -297,4 +318,29 @@ pub(crate) fn redis_error(server: &str, e: RedisError) -> LockError {
 /// The notifier as the connection sees it.
 fn pushes(notifier: &Arc<Notifier>) -> Arc<dyn Pushes> {
     notifier.clone()
+}
+
+/// The keyspace channel prefix of database `db` when the layout is plain and the server
+/// publishes what a waiter needs: keyspace events (`K`) for generic commands (`g`: `DEL`) and
+/// expiries (`x`), or all (`A`). `None` otherwise, also when `CONFIG GET` is refused (a managed
+/// or ACL-restricted server): then waiters poll. Read once at connect, never changed.
+async fn keyspace_events(conn: &Conn, options: &RedisOptions, db: i64) -> Option<String> {
+    if !matches!(options.layout, RedisLayout::Plain { .. }) {
+        return None;
+    }
+    let mut conn = conn.clone();
+    let mut get = redis::cmd("CONFIG");
+    get.arg("GET").arg("notify-keyspace-events");
+    let answer = tokio::time::timeout(
+        options.op_timeout,
+        // A map in RESP3 (our connection's protocol), a flat pair in RESP2: both read as one.
+        get.query_async::<HashMap<String, String>>(&mut conn),
+    )
+    .await;
+    let flags = match answer {
+        Ok(Ok(mut map)) => map.remove("notify-keyspace-events").unwrap_or_default(),
+        _ => return None,
+    };
+    let has = |c: char| flags.contains(c);
+    (has('K') && (has('A') || (has('g') && has('x')))).then(|| format!("__keyspace@{db}__:"))
 }

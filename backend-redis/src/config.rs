@@ -5,8 +5,12 @@ use std::time::Duration;
 /// How a [`crate::RedisBackend`] talks to Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisOptions {
-    /// Namespace of every key (see [`crate::keys`]). Default `distlock`.
+    /// Namespace of every key (see [`crate::keys`]). Default `distlock`. Not used by
+    /// [`RedisLayout::Plain`], which has its own.
     pub prefix: String,
+    /// Where the locks live on the server: distlock's own layout (the default) or the plain
+    /// lock other languages' clients share.
+    pub layout: RedisLayout,
     /// Every command is cut off after this and reported as a retryable error. Default 5 s.
     pub op_timeout: Duration,
     /// Connecting (and reconnecting) is cut off after this. Default 5 s.
@@ -27,6 +31,7 @@ impl Default for RedisOptions {
     fn default() -> Self {
         RedisOptions {
             prefix: "distlock".to_string(),
+            layout: RedisLayout::Distlock,
             op_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             min_replicas: 0,
@@ -34,6 +39,27 @@ impl Default for RedisOptions {
             tls: None,
         }
     }
+}
+
+/// Where a [`crate::RedisBackend`] keeps its locks on the server.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RedisLayout {
+    /// distlock's own keys ([`crate::keys`]): fencing tokens, a FIFO queue with one wake-up per
+    /// hand-over, semaphores, read-write locks and elections.
+    #[default]
+    Distlock,
+    /// The plain lock that redis-py's `Lock`, redsync, node-redlock and rslock take: the key
+    /// is `<prefix><name>` verbatim, taken by `SET key value NX PX ttl`, renewed by
+    /// compare-and-`PEXPIRE` and released by compare-and-delete, so a lock of those clients on
+    /// the same key excludes ours and ours excludes theirs. Locks only, efficiency grade, with
+    /// no fencing token and no queue (a waiter retries: first come is not first served, across
+    /// languages or not); waiters wake on the key's deletion or expiry where the server
+    /// publishes keyspace events for them (`notify-keyspace-events` with `K`, `g` and `x`, one
+    /// server), else they retry every 20-60 ms.
+    Plain {
+        /// Put before every name, verbatim (`""`: the key is the name).
+        prefix: String,
+    },
 }
 
 /// TLS material for `rediss://`. The private key never appears in `Debug` output.

@@ -1,10 +1,11 @@
 //! Reading a name without touching it: one read-only script ([`scripts::INSPECT`]) for the
-//! lock key's holder, the shared holders (permits, readers) and the live waiters.
+//! lock key's holder, the shared holders (permits, readers) and the live waiters. (The plain
+//! layout reads its one key: `plain.rs`.)
 
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, FencingToken, HolderInfo, HolderStatus, LockName, LockStatus, Result,
+    Admission, FencingToken, HolderInfo, HolderStatus, LockError, LockName, LockStatus, Result,
 };
 
 use crate::RedisBackend;
@@ -30,6 +31,13 @@ impl RedisBackend {
             })
             .collect();
         holders.sort_by_key(|h| h.token);
+        if pttl == -4 {
+            // Another recipe's lock on our key, which acquires refuse too.
+            return Err(LockError::ForeignEntry {
+                name: name.to_string(),
+                entry: keys.lock,
+            });
+        }
         if pttl != -2 {
             holders.insert(
                 0,

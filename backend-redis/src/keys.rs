@@ -39,6 +39,8 @@ pub struct LockKeys {
     pub lock: String,
     /// The length of its hash tag part, `{p:B}:`.
     tag: usize,
+    /// A [`plain_keys`] key: the lock key alone, none of the others.
+    plain: bool,
 }
 
 impl LockKeys {
@@ -47,7 +49,12 @@ impl LockKeys {
         Key {
             tag,
             kind,
-            name: if named { &rest[LOCK.len()..] } else { "" },
+            // A plain key has no other keys: it never reaches here, and must not panic if it did.
+            name: if named {
+                rest.get(LOCK.len()..).unwrap_or("")
+            } else {
+                ""
+            },
         }
     }
 
@@ -84,11 +91,19 @@ impl LockKeys {
     /// Whether `resource` is the shared hash's key (a permit's or a reader's grant), compared
     /// piece by piece: every release asks, and a lock's must not build a string for it.
     pub fn is_shared(&self, resource: &str) -> bool {
+        if self.plain {
+            return false;
+        }
         let k = self.shared();
         resource
             .strip_prefix(k.tag)
             .and_then(|r| r.strip_prefix(k.kind))
             == Some(k.name)
+    }
+
+    /// Whether this is the plain layout's one key ([`plain_keys`]).
+    pub fn is_plain(&self) -> bool {
+        self.plain
     }
 
     /// The prefix of each waiter's own "your turn" channel (followed by its secret).
@@ -170,7 +185,42 @@ pub fn lock_keys(prefix: &str, name: &LockName) -> LockKeys {
     let tag = lock.len();
     lock.push_str(LOCK);
     lock.push_str(encoded);
-    LockKeys { lock, tag }
+    LockKeys {
+        lock,
+        tag,
+        plain: false,
+    }
+}
+
+/// The key of `name` in the plain layout ([`crate::RedisLayout::Plain`]): `<prefix><name>`,
+/// verbatim (not encoded: the other languages' clients use the name as it is), and no other
+/// key. On Redis Cluster it lives in the slot of the whole key, as theirs does.
+pub fn plain_keys(prefix: &str, name: &LockName) -> LockKeys {
+    LockKeys {
+        lock: format!("{prefix}{}", name.as_str()),
+        tag: 0,
+        plain: true,
+    }
+}
+
+/// Whether a plain key would read as distlock's shared-holders hash (`{...}:shared:...`): the
+/// renewal script tells a lock from a hash by that shape, so such a key is refused.
+pub fn looks_shared(key: &str) -> bool {
+    let mut depth = 0usize;
+    for (i, c) in key.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    return key[i + 1..].starts_with(":shared:");
+                }
+            }
+            _ if i == 0 => return false,
+            _ => {}
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -212,6 +262,26 @@ mod tests {
             assert_eq!(key.to_redis_args(), vec![key.to_string().into_bytes()]);
         }
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    }
+
+    #[test]
+    fn plain_keys_are_the_name_under_the_prefix() {
+        let name = LockName::new("orders/42").expect("valid");
+        let k = plain_keys("", &name);
+        assert_eq!(k.lock, "orders/42");
+        assert!(k.is_plain() && !k.is_shared("orders/42"));
+        assert_eq!(plain_keys("lock:", &name).lock, "lock:orders/42");
+        // Short names do not reach into a layout they do not have.
+        assert_eq!(
+            plain_keys("", &LockName::new("a").expect("valid"))
+                .queue()
+                .to_string(),
+            "queue:"
+        );
+        assert!(looks_shared("{a}:shared:b") && looks_shared("{a{b}}:shared:"));
+        assert!(
+            !looks_shared("a{b}:shared:") && !looks_shared("{a}:lock:b") && !looks_shared("{a")
+        );
     }
 
     #[test]

@@ -60,6 +60,7 @@ mod election;
 mod inspect;
 pub mod keys;
 mod notify;
+mod plain;
 mod queue;
 pub mod redlock;
 mod release;
@@ -69,5 +70,6 @@ mod wait;
 
 pub use backend::CAPABILITIES;
 pub use client::RedisBackend;
-pub use config::{RedisOptions, RedisTls, RedisTopology, RedlockOptions};
+pub use config::{RedisLayout, RedisOptions, RedisTls, RedisTopology, RedlockOptions};
+pub use plain::{PLAIN_CAPABILITIES, PLAIN_WATCHED_CAPABILITIES};
 pub use redlock::{REDLOCK_CAPABILITIES, RedlockBackend};

@@ -59,6 +59,8 @@ pub(crate) enum Attempt {
     Busy { pttl_ms: i64 },
     /// A permit refused: the semaphore is in use with `theirs` permits.
     Mismatch { theirs: u32 },
+    /// The lock key holds a value another recipe wrote (see [`scripts::ACQUIRE`]).
+    Foreign,
 }
 
 impl RedisBackend {
@@ -156,6 +158,7 @@ impl RedisBackend {
             Ok((-2, theirs)) => Ok(Attempt::Mismatch {
                 theirs: u32::try_from(theirs).unwrap_or(u32::MAX),
             }),
+            Ok((-4, _)) => Ok(Attempt::Foreign),
             Ok((_, pttl_ms)) => Ok(Attempt::Busy { pttl_ms }),
             Err(e) => Err(e),
         };

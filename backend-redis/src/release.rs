@@ -30,15 +30,19 @@ pub(crate) enum Sent {
 
 impl RedisBackend {
     /// Releases and tells the queue's head (a Redlock node that is not the name's arbiter keeps
-    /// no queue, so there it tells nobody).
+    /// no queue, so there it tells nobody; a plain key has none).
     pub(crate) async fn release_keys(
         &self,
         keys: &LockKeys,
         secret: &OwnerSecret,
         sent: Sent,
     ) -> Result<bool> {
-        self.release_telling(keys, secret, Tell::QueueHead, sent)
-            .await
+        let tell = if keys.is_plain() {
+            Tell::Nobody
+        } else {
+            Tell::QueueHead
+        };
+        self.release_telling(keys, secret, tell, sent).await
     }
 
     /// Releases a shared grant (a permit, a read lease) and wakes the queue's head.
@@ -72,11 +76,15 @@ impl RedisBackend {
         sent: Sent,
     ) -> Result<bool> {
         let mut conn = self.conn.clone();
-        let mut call = Call::new(&scripts::RELEASE, 3);
-        call.arg(&keys.lock)
-            .arg(keys.queue())
-            .arg(keys.alive())
-            .arg(&secret.expose_hex_bytes()[..]);
+        let mut call = match tell {
+            Tell::Nobody => Call::new(&scripts::RELEASE, 1),
+            _ => Call::new(&scripts::RELEASE, 3),
+        };
+        call.arg(&keys.lock);
+        if !matches!(tell, Tell::Nobody) {
+            call.arg(keys.queue()).arg(keys.alive());
+        }
+        call.arg(&secret.expose_hex_bytes()[..]);
         // The script's second argument: see `scripts::RELEASE`.
         match tell {
             Tell::QueueHead => call.arg("head"),

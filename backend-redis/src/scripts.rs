@@ -137,7 +137,9 @@ async fn timed<T>(limit: Duration, send: impl Future<Output = RedisResult<T>>) -
 }
 
 /// Lua helpers shared by the scripts that read the queue head: `purge` drops the waiters whose
-/// liveness ran out (from both sets) and says how many; `clock` is the server's time in ms and µs.
+/// liveness ran out (from both sets) and says how many; `clock` is the server's time in ms and µs;
+/// `distlock_value` says whether a lock value has our layout (`<32 hex>:<token>...`), not another
+/// recipe's (redis-py's `Lock` on our key, say).
 const PURGE: &str = r#"
 local function purge(queue, alive, now)
   local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
@@ -159,6 +161,9 @@ end
 local function tell(prefix, member)
   redis.call('PUBLISH', prefix .. string.sub(member, 1, 32), '1')
 end
+local function distlock_value(v)
+  return string.find(v, '^' .. string.rep('%x', 32) .. ':%d') ~= nil
+end
 local function keep_hash(shared, ttl)
   if redis.call('PTTL', shared) < ttl then
     redis.call('PEXPIRE', shared, ttl)
@@ -174,6 +179,8 @@ end
 ///   pair). The counter steps even when the `SET` finds the lock taken: tokens only have to
 ///   increase, not to be consecutive.
 /// * Ours already (a retry after a lost reply): refresh the TTL, return `{1, token}`.
+/// * Held under a value distlock does not write (another recipe's lock on our key, which jumps
+///   our queue and wakes none of our waiters): return `{-4, 0}`, refused (nothing joined).
 /// * Held by another: a waiter joins the queue (arrival order, first join only) and refreshes
 ///   its liveness; return `{0, pttl}` (the next re-check bound).
 /// * Free, but a live waiter other than us heads the queue: it is promised to that waiter; a
@@ -206,6 +213,9 @@ local cur = redis.call('GET', lock)
 if cur and string.sub(cur, 1, 33) == me .. ':' then
   redis.call('PEXPIRE', lock, ttl)
   return {{1, tonumber(string.match(cur, '^%x+:(%d+)'))}}
+end
+if cur and not distlock_value(cur) then
+  return {{-4, 0}}
 end
 local now, arrival, purged, head = 0, 0, 0, nil
 if queued or waiting then
@@ -275,7 +285,8 @@ return 1
 /// holder}` (the waiters whose liveness deadline is still ahead, by the server's clock; not the
 /// holder, which a Redlock arbiter keeps at the head of its queue), `shared` the live shared
 /// holders (permits, readers) as `token, ms left, limit, holder` quadruples, and `holder` the
-/// lock key's holder segment (empty when none). The secret never leaves the server.
+/// lock key's holder segment (empty when none); pttl -4 when the lock key holds a value
+/// distlock does not write (another recipe's lock). The secret never leaves the server.
 pub static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"{PURGE}
@@ -284,6 +295,9 @@ local cur = redis.call('GET', KEYS[1])
 local token, who = false, ''
 local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 if cur then
+  if not distlock_value(cur) then
+    return {{false, -4, 0, {{}}, ''}}
+  end
   token = string.match(cur, '^%x+:(%d+)') or false
   who = string.match(cur, '^%x+:%d+(~[^:]*)') or ''
   local mine = redis.call('ZSCORE', KEYS[2], string.match(cur, '^(%x+):'))
@@ -324,6 +338,17 @@ end
 redis.call('SET', KEYS[1], mine .. ARGV[5] .. ':' .. ARGV[3], 'KEEPTTL')
 redis.call('PUBLISH', ARGV[4], '1')
 return 1
+"#
+        .to_string(),
+    )
+});
+
+/// KEYS: a plain lock key ([`crate::RedisLayout::Plain`]). Reads only: `{value or false, pttl}`,
+/// in one step (two separate reads could pair one holder's value with the next one's TTL).
+pub static PEEK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
 "#
         .to_string(),
     )
@@ -374,6 +399,7 @@ return out
 /// but a plain lock's ([`ACQUIRE`], which keeps its three-command fast path; a lock's name never
 /// has shared holders). In order:
 /// * ours already (a retry after a lost reply): refresh, return `{1, token}`;
+/// * the lock key held under a value distlock does not write: return `{-4, 0}` (as [`ACQUIRE`]);
 /// * the limits ahead of us: the lock key's holder (1), each live shared holder (expired fields
 ///   are dropped), each live waiter queued before us;
 /// * a permit seeing another limit ahead leaves the queue and returns `{-2, their limit}`;
@@ -408,6 +434,9 @@ if cur then
   if string.sub(cur, 1, 33) == me .. ':' then
     redis.call('PEXPIRE', lock, ttl)
     return {{1, tonumber(string.match(cur, '^%x+:(%d+)'))}}
+  end
+  if not distlock_value(cur) then
+    return {{-4, 0}}
   end
   holders[#holders + 1] = 1
   soon(redis.call('PTTL', lock))
@@ -510,8 +539,9 @@ return 1
     ))
 });
 
-/// KEYS: lock, queue, alive. ARGV: secret, whom to tell (`head`, `leave` or `none`), turn
-/// channel prefix. DEL only if ours, then:
+/// KEYS: lock, queue, alive (the lock alone with `none`, which reads no other key: a plain
+/// key has no queue, and on Cluster it shares no slot with one). ARGV: secret, whom to tell
+/// (`head`, `leave` or `none`), turn channel prefix. DEL only if ours, then:
 /// * `head`: PUBLISH "your turn" on the own channel of the waiter that heads the queue (dead
 ///   waiters dropped first), if any. A release nobody waits for publishes nothing; one message
 ///   to one waiter: a release wakes one connection, not every waiter's.

@@ -7,19 +7,22 @@
 //!   for `<service>` (the credentials are the data nodes');
 //! * `redlock://[user:password@]h1:p1,h2:p2,h3:p3`: Redlock over independent masters.
 //!
-//! Options: `prefix`, `op_timeout`, `connect_timeout`, `min_replicas`, `replica_timeout`, and
-//! for TLS `ca=<pem path>` (plus `cert=` and `key=`); Redlock: `prefix`, `node_timeout`,
+//! Options: `prefix`, `layout=distlock|plain` ([`crate::RedisLayout`]; with `plain` the key is
+//! `<prefix><name>` verbatim, and the prefix is empty unless given), `op_timeout`,
+//! `connect_timeout`, `min_replicas`, `replica_timeout`, and for TLS `ca=<pem path>` (plus
+//! `cert=` and `key=`); Redlock: `prefix`, `node_timeout`,
 //! `connect_timeout`, `drift_factor`, `retry_count`, `retry_delay=<min>..<max>`.
 
 use distlock_api::Result;
 use distlock_api::url::{BackendUrl, parse_duration};
 
-use crate::config::{RedisOptions, RedisTls, RedisTopology, RedlockOptions};
+use crate::config::{RedisLayout, RedisOptions, RedisTls, RedisTopology, RedlockOptions};
 
 /// Every option a `redis`, `rediss`, `redis+cluster`, `rediss+cluster` or `redis+sentinel` URL
 /// (or a configuration table) takes; any other is refused.
 pub const REDIS_OPTIONS: &[&str] = &[
     "prefix",
+    "layout",
     "op_timeout",
     "connect_timeout",
     "min_replicas",
@@ -46,7 +49,17 @@ pub const REDLOCK_OPTIONS: &[&str] = &[
 /// `InvalidConfig` naming the option or the URL at fault.
 pub fn redis_from_url(url: &mut BackendUrl) -> Result<(RedisTopology, RedisOptions)> {
     let mut o = RedisOptions::default();
-    if let Some(v) = url.take("prefix") {
+    let prefix = url.take("prefix");
+    o.layout = match url.take("layout").as_deref() {
+        None | Some("distlock") => RedisLayout::Distlock,
+        Some("plain") => RedisLayout::Plain {
+            prefix: prefix.clone().unwrap_or_default(),
+        },
+        Some(other) => {
+            return Err(url.invalid_option("layout", other, "use distlock or plain"));
+        }
+    };
+    if let Some(v) = prefix {
         o.prefix = v;
     }
     url.take_duration("op_timeout", &mut o.op_timeout)?;
@@ -196,5 +209,29 @@ mod tests {
                 assert_eq!(unknown, *name == "colour", "{base}: {name}");
             }
         }
+    }
+
+    #[test]
+    fn the_layout_is_distlock_or_plain_and_a_plain_prefix_is_verbatim() {
+        let read = |q: &str| {
+            let mut url = BackendUrl::parse("url", &format!("redis://h:1?{q}"), &BTreeMap::new())
+                .expect("parses");
+            redis_from_url(&mut url).map(|(_, o)| o.layout)
+        };
+        let plain = |p: &str| RedisLayout::Plain { prefix: p.into() };
+        assert_eq!(read("").expect("default"), RedisLayout::Distlock);
+        assert_eq!(read("layout=plain").expect("plain"), plain(""));
+        assert_eq!(
+            read("layout=plain&prefix=lock:").expect("prefixed"),
+            plain("lock:")
+        );
+        assert_eq!(
+            read("prefix=app&layout=distlock").expect("ours"),
+            RedisLayout::Distlock
+        );
+        assert!(matches!(
+            read("layout=redlock"),
+            Err(LockError::InvalidConfig { key, value, .. }) if key.contains("layout") && value == "redlock"
+        ));
     }
 }

@@ -65,6 +65,15 @@ impl RedisBackend {
                         theirs,
                     });
                 }
+                Ok(Attempt::Foreign) => {
+                    if let Some(q) = queued {
+                        q.leave().await;
+                    }
+                    return Err(LockError::ForeignEntry {
+                        name: name.to_string(),
+                        entry: keys.lock.clone(),
+                    });
+                }
                 Ok(Attempt::Busy { pttl_ms }) => pttl_ms,
                 Err(e) => {
                     if let Some(q) = queued {

@@ -27,6 +27,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(1),
     wakeup: Wakeup::Watch,
     policies: true,
+    listed_waiters: true,
 };
 
 #[async_trait]

@@ -5,6 +5,7 @@ use distlock_conformance::deployments;
 
 conformance_tests!(memory, deployments::memory::FACTORY);
 conformance_tests!(redis, deployments::redis::FACTORY);
+conformance_tests!(redis_plain, deployments::redis::PLAIN_FACTORY);
 conformance_tests!(redis_cluster, deployments::redis_cluster::FACTORY);
 conformance_tests!(redlock, deployments::redlock::FACTORY);
 conformance_tests!(etcd, deployments::etcd::FACTORY);

@@ -31,7 +31,8 @@ pub enum BackendSpec {
     /// * `redis+sentinel://[user:password@]s1:p1,s2:p2/<service>`: the master the Sentinels name
     ///   for `<service>` (the credentials are the data nodes').
     ///
-    /// Options: `prefix`, `op_timeout`, `connect_timeout`, `min_replicas` (`WAIT` for that many
+    /// Options: `prefix`, `layout=distlock|plain` (`plain`: the key other languages' clients
+    /// share), `op_timeout`, `connect_timeout`, `min_replicas` (`WAIT` for that many
     /// replicas after each grant), `replica_timeout`, and for TLS `ca=<pem path>` (plus `cert=`
     /// and `key=` for a client certificate).
     #[cfg(feature = "redis")]

@@ -102,6 +102,10 @@ pub struct Capabilities {
     /// Whether the queue admits by policy ([`crate::Admission`]): semaphores and read-write
     /// locks ([`crate::LockBackend::acquire_admitted`]).
     pub policies: bool,
+    /// Whether a waiter keeps an entry on the server while it waits, so
+    /// [`crate::LockBackend::inspect`] counts it ([`crate::LockStatus::waiters`]); `false` where
+    /// waiters only retry (the Redis plain layout), whose count is always 0.
+    pub listed_waiters: bool,
 }
 
 impl Capabilities {
@@ -141,6 +145,7 @@ mod tests {
             min_ttl: Duration::from_secs(2),
             wakeup: Wakeup::Polling,
             policies: false,
+            listed_waiters: false,
         }
     }
 

@@ -74,15 +74,18 @@ impl RedlockBackend {
         match answer {
             // Held (told our turn: by a newcomer) or promised to a waiter ahead of us: whatever
             // the others granted goes back, waking nobody (we keep our place; the holder's
-            // release tells the head). (A limit mismatch needs a permit: Redlock asks none.)
-            Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. }) => match others {
-                Some(t) if t.granted + t.silent.len() > 0 => (
-                    self.refused(keys, who.0, start, &t.silent, Waking::Nobody)
-                        .await,
-                    true,
-                ),
-                _ => (Ok((false, start)), true),
-            },
+            // release tells the head). (A limit mismatch needs a permit: Redlock asks none;
+            // another recipe's value on the arbiter is a lock taken there.)
+            Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. } | Attempt::Foreign) => {
+                match others {
+                    Some(t) if t.granted + t.silent.len() > 0 => (
+                        self.refused(keys, who.0, start, &t.silent, Waking::Nobody)
+                            .await,
+                        true,
+                    ),
+                    _ => (Ok((false, start)), true),
+                }
+            }
             Ok(Attempt::Granted(_)) => (
                 self.hold_arbiter(keys, who, ttl, start, arbiter, others)
                     .await,

@@ -107,7 +107,9 @@ impl RedlockBackend {
         for (i, answer) in answers {
             match answer {
                 Ok(Attempt::Granted(_)) => tally.granted += 1,
-                Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. }) => tally.refused.push(i),
+                Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. } | Attempt::Foreign) => {
+                    tally.refused.push(i)
+                }
                 Err(_) => tally.silent.push(i),
             }
         }

@@ -14,6 +14,7 @@ pub fn all() -> Vec<Factory> {
     vec![
         memory::FACTORY,
         redis::FACTORY,
+        redis::PLAIN_FACTORY,
         redis_cluster::FACTORY,
         redlock::FACTORY,
         etcd::FACTORY,

@@ -1,12 +1,15 @@
 //! Redis: one redis-server shared by the scenarios (unique names keep them apart), and a
 //! server of its own for the scenario that kills it. Cut clients go through a [`Proxy`](crate::harness::Proxy).
+//! `redis_plain` is the same server with the plain layout (`layout=plain`), the one other
+//! languages' clients share.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{Capabilities, LockBackend, LockName};
-use distlock_redis::{RedisBackend, RedisOptions, keys::lock_keys};
+use distlock_redis::keys::{lock_keys, plain_keys};
+use distlock_redis::{RedisBackend, RedisLayout, RedisOptions};
 use redis::aio::ConnectionLike;
 
 use crate::Factory;
@@ -23,9 +26,36 @@ pub const FACTORY: Factory = Factory {
     survives_a_member_kill: false,
 };
 
+/// The plain layout's factory, on the same servers.
+pub const PLAIN_FACTORY: Factory = Factory {
+    label: "redis_plain",
+    capabilities: plain_capabilities,
+    shared: || Box::pin(async { deploy_plain(true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| Box::pin(async { deploy_plain(false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: false,
+};
+
 fn capabilities() -> Capabilities {
     // Declared statically by the backend; no server is needed to read it.
     distlock_redis::CAPABILITIES.clone()
+}
+
+fn plain_capabilities() -> Capabilities {
+    // A stock server publishes no keyspace events: plain waiters poll.
+    distlock_redis::PLAIN_CAPABILITIES.clone()
+}
+
+/// The plain layout's key prefix in the suite.
+pub const PLAIN_PREFIX: &str = "distlock-plain-test:";
+
+/// The options of the suite's plain-layout clients.
+pub fn plain_options() -> RedisOptions {
+    RedisOptions {
+        layout: RedisLayout::Plain {
+            prefix: PLAIN_PREFIX.into(),
+        },
+        ..options()
+    }
 }
 
 /// The options every client of the suite uses.
@@ -65,6 +95,14 @@ pub(crate) async fn delete_lock(admin: &mut impl ConnectionLike, name: &LockName
 }
 
 async fn deploy(shared: bool) -> Arc<RedisDeployment> {
+    deploy_with(shared, false).await
+}
+
+async fn deploy_plain(shared: bool) -> Arc<RedisDeployment> {
+    deploy_with(shared, true).await
+}
+
+async fn deploy_with(shared: bool, plain: bool) -> Arc<RedisDeployment> {
     static SHARED: OnceLock<Arc<RedisServer>> = OnceLock::new();
     let server = shared_or_new(&SHARED, shared, || {
         RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
@@ -75,6 +113,7 @@ async fn deploy(shared: bool) -> Arc<RedisDeployment> {
         server,
         admin,
         owns_server: !shared,
+        plain,
     })
 }
 
@@ -83,6 +122,31 @@ pub struct RedisDeployment {
     server: Arc<RedisServer>,
     admin: redis::aio::MultiplexedConnection,
     owns_server: bool,
+    /// The plain layout (`redis_plain`).
+    plain: bool,
+}
+
+impl RedisDeployment {
+    fn options(&self) -> RedisOptions {
+        if self.plain {
+            plain_options()
+        } else {
+            options()
+        }
+    }
+
+    /// The plain layout's one key of `name`.
+    fn plain_key(name: &LockName) -> String {
+        plain_keys(PLAIN_PREFIX, name).lock
+    }
+
+    async fn plain_cmd(&self, cmd: &str, name: &LockName) -> i64 {
+        redis::cmd(cmd)
+            .arg(Self::plain_key(name))
+            .query_async(&mut self.admin.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{cmd}: {e}"))
+    }
 }
 
 impl ServerFaults for RedisDeployment {
@@ -94,16 +158,20 @@ impl ServerFaults for RedisDeployment {
 #[async_trait]
 impl Deployment for RedisDeployment {
     fn label(&self) -> &'static str {
-        "redis"
+        if self.plain { "redis_plain" } else { "redis" }
     }
 
     fn capabilities(&self) -> Capabilities {
-        capabilities()
+        if self.plain {
+            plain_capabilities()
+        } else {
+            capabilities()
+        }
     }
 
     async fn client(&self) -> Arc<dyn LockBackend> {
         Arc::new(
-            RedisBackend::connect(&self.server.url(), options())
+            RedisBackend::connect(&self.server.url(), self.options())
                 .await
                 .expect("connect"),
         )
@@ -112,17 +180,25 @@ impl Deployment for RedisDeployment {
     async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
         let proxy = ProxyCut::to_ports([self.server.port()]);
         let url = format!("redis://{}", proxy.addrs()[0]);
-        let client = RedisBackend::connect(&url, options())
+        let client = RedisBackend::connect(&url, self.options())
             .await
             .expect("connect through proxy");
         (Arc::new(client), Box::new(proxy))
     }
 
     async fn artifacts(&self, name: &LockName) -> usize {
+        if self.plain {
+            // The key is all the plain layout ever writes.
+            return self.plain_cmd("EXISTS", name).await as usize;
+        }
         artifacts(&mut self.admin.clone(), name).await
     }
 
     async fn delete_lock(&self, name: &LockName) {
+        if self.plain {
+            assert_eq!(self.plain_cmd("DEL", name).await, 1, "nothing to delete");
+            return;
+        }
         delete_lock(&mut self.admin.clone(), name).await
     }
 
@@ -135,10 +211,14 @@ impl Deployment for RedisDeployment {
     }
 
     fn url(&self) -> Option<String> {
-        Some(format!(
-            "{}?prefix=distlock-test&op_timeout=1s",
-            self.server.url()
-        ))
+        Some(if self.plain {
+            format!(
+                "{}?layout=plain&prefix={PLAIN_PREFIX}&op_timeout=1s",
+                self.server.url()
+            )
+        } else {
+            format!("{}?prefix=distlock-test&op_timeout=1s", self.server.url())
+        })
     }
 
     fn servers(&self) -> Option<&dyn ServerFaults> {
@@ -146,6 +226,11 @@ impl Deployment for RedisDeployment {
     }
 
     async fn server_expiry(&self, name: &LockName) -> Option<Duration> {
+        if self.plain {
+            return u64::try_from(self.plain_cmd("PTTL", name).await)
+                .ok()
+                .map(Duration::from_millis);
+        }
         pttl(&mut self.admin.clone(), name).await
     }
 
@@ -163,7 +248,7 @@ impl Deployment for RedisDeployment {
         })
         .await;
         Arc::new(
-            RedisBackend::connect(&server.url(), options())
+            RedisBackend::connect(&server.url(), self.options())
                 .await
                 .expect("connect"),
         )
