@@ -20,6 +20,7 @@
 pub mod deployment;
 pub mod deployments;
 pub mod harness;
+pub mod interop;
 pub mod leftovers;
 pub mod matrix;
 pub mod scenarios;
