@@ -13,6 +13,8 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
 # ... and kazoo's lock (Debian's Python, whatever `python3` is first on the PATH).
 /usr/bin/python3 -c 'import kazoo' 2>/dev/null || need+=(python3-kazoo)
+# ... and redis-py's.
+/usr/bin/python3 -c 'import redis' 2>/dev/null || need+=(python3-redis)
 # ... and Curator's, run by a JDK's single-file source launcher.
 [ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
 java --list-modules 2>/dev/null | grep -q '^jdk.compiler' || need+=(default-jdk-headless)
