@@ -3,7 +3,7 @@
 //! and its value, and the value goes with the node (release, session expiry).
 
 use distlock_api::{
-    FencingToken, GrantKey, Leader, LockName, Result, announced_entry, announced_value,
+    FencingToken, GrantKey, Leader, LockName, Result, announced_entry, leader_value,
 };
 use futures_util::StreamExt;
 use futures_util::future::select_all;
@@ -38,7 +38,8 @@ impl ZkBackend {
         }
     }
 
-    /// The lowest node of the name's directory and its announced value, read after a `sync`
+    /// The lowest node of the name's directory and its announced value (another recipe's node:
+    /// its data, [`distlock_api::leader_value`]), read after a `sync`
     /// ([`ZkBackend::synced_queue`]), so a follower's stale view is never reported, and a head
     /// deleted between the listing and the read gives the next one, never "nobody".
     pub(crate) async fn head_node(&self, name: &LockName) -> Result<Option<Leader>> {
@@ -52,7 +53,7 @@ impl ZkBackend {
             for node in &queue {
                 match self.call(epoch.client.get_data(node)).await {
                     Ok((data, stat)) => {
-                        return Ok(announced_value(&data).map(|value| Leader {
+                        return Ok(leader_value(&data).map(|value| Leader {
                             term: FencingToken(stat.czxid as u64),
                             value,
                         }));

@@ -95,6 +95,26 @@ pub const PEERS: &[Peer] = &[
         tokens: untested("no: kazoo hands out none"),
     },
     Peer {
+        peer: "kazoo `Election` (Python), with distlock's election",
+        distlock: "`zk://hosts?layout=kazoo`",
+        excludes: tested(
+            "yes: one leader; distlock's observers read kazoo's participant id as its value",
+            ZK,
+            "on_the_kazoo_layout_a_kazoo_election_shares_the_election",
+        ),
+        wakes: tested(
+            "yes",
+            ZK,
+            "on_the_kazoo_layout_a_kazoo_election_shares_the_election",
+        ),
+        order: tested(
+            "yes",
+            ZK,
+            "on_the_kazoo_layout_a_kazoo_election_shares_the_election",
+        ),
+        tokens: untested("terms: distlock's only (a kazoo leader's node czxid orders with them)"),
+    },
+    Peer {
         peer: "kazoo `Lock` (Python)",
         distlock: "`zk://hosts` (default layout)",
         excludes: tested(
@@ -113,6 +133,38 @@ pub const PEERS: &[Peer] = &[
         wakes: tested("yes", ZK, "curator_and_distlock_share_one_queue"),
         order: tested("yes", ZK, "curator_and_distlock_share_one_queue"),
         tokens: untested("no: Curator hands out none"),
+    },
+    Peer {
+        peer: "Curator `LeaderSelector` (Java), with distlock's election",
+        distlock: "`zk://hosts` (default layout)",
+        excludes: tested(
+            "yes: one leader; distlock's observers read Curator's participant id as its value",
+            ZK,
+            "curator_leader_selector_shares_the_election_and_a_leader_latch_is_refused",
+        ),
+        wakes: tested(
+            "yes",
+            ZK,
+            "curator_leader_selector_shares_the_election_and_a_leader_latch_is_refused",
+        ),
+        order: tested(
+            "yes",
+            ZK,
+            "curator_leader_selector_shares_the_election_and_a_leader_latch_is_refused",
+        ),
+        tokens: untested("terms: distlock's only (a Curator leader's node czxid orders with them)"),
+    },
+    Peer {
+        peer: "Curator `LeaderLatch` (Java), with distlock's election",
+        distlock: "`zk://hosts` (default layout)",
+        excludes: tested(
+            "**refused**: its `latch-` nodes cannot be ordered against distlock's, so a campaign beside one is refused (`ForeignEntry`)",
+            ZK,
+            "curator_leader_selector_shares_the_election_and_a_leader_latch_is_refused",
+        ),
+        wakes: untested("-"),
+        order: untested("-"),
+        tokens: untested("-"),
     },
     Peer {
         peer: "redis-py `Lock` (Python; redsync, node-redlock and rslock take the same key)",

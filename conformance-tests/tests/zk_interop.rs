@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use distlock::{AcquireOptions, LockClient, LockError};
+use distlock::{AcquireOptions, ELECTION_LOCK_PREFIX, LockClient, LockError};
 use distlock_conformance::deployments::zk::options;
 use distlock_conformance::harness::{PeerHolder, ZkEnsemble, require};
 use distlock_zk::{Layout, ZkBackend, ZkOptions};
@@ -204,24 +204,55 @@ async fn on_the_kazoo_layout_distlock_and_kazoo_share_one_queue() {
     );
 }
 
-/// A Curator `InterProcessMutex` holder on `args[1]`: prints `held` once granted, releases when
-/// its stdin closes.
+/// A Curator holder on `args[1]`, by recipe (`args[2]`): `mutex` (`InterProcessMutex`),
+/// `selector` (`LeaderSelector`, leading while its stdin is open) or `latch` (`LeaderLatch`),
+/// the last two with participant id `args[3]`. Prints `held` once granted (leading), releases
+/// when its stdin closes.
 const CURATOR_HOLDER: &str = r#"
+import java.util.concurrent.CountDownLatch;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.LeaderSelector;
+import org.apache.curator.framework.recipes.leader.LeaderSelectorListenerAdapter;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.retry.RetryNTimes;
 
 public class CuratorHolder {
-    public static void main(String[] args) throws Exception {
-        CuratorFramework c = CuratorFrameworkFactory.newClient(args[0], new RetryNTimes(3, 100));
-        c.start();
-        InterProcessMutex m = new InterProcessMutex(c, args[1]);
-        m.acquire();
+    static void held() throws Exception {
         System.out.println("held");
         System.out.flush();
         while (System.in.read() >= 0) {}
-        m.release();
+    }
+
+    public static void main(String[] args) throws Exception {
+        CuratorFramework c = CuratorFrameworkFactory.newClient(args[0], new RetryNTimes(3, 100));
+        c.start();
+        if (args[2].equals("mutex")) {
+            InterProcessMutex m = new InterProcessMutex(c, args[1]);
+            m.acquire();
+            held();
+            m.release();
+        } else if (args[2].equals("selector")) {
+            CountDownLatch done = new CountDownLatch(1);
+            LeaderSelector s = new LeaderSelector(c, args[1], new LeaderSelectorListenerAdapter() {
+                public void takeLeadership(CuratorFramework f) throws Exception {
+                    held();
+                    done.countDown();
+                }
+            });
+            s.setId(args[3]);
+            s.start();
+            done.await();
+            s.close();
+        } else {
+            LeaderLatch l = new LeaderLatch(c, args[1], args[3]);
+            l.start();
+            System.out.println("started");
+            System.out.flush();
+            while (System.in.read() >= 0) {}
+            l.close();
+        }
         c.close();
     }
 }
@@ -240,6 +271,17 @@ const CURATOR_JARS: &[&str] = &[
 
 /// A Curator `InterProcessMutex` on distlock's lock `name` (same handling as kazoo's).
 fn curator(zk: &ZkEnsemble, dir: &std::path::Path, name: &str) -> PeerHolder {
+    curator_recipe(zk, dir, name, "mutex", "")
+}
+
+/// Curator's `recipe` (see [`CURATOR_HOLDER`]) on distlock's lock `name`, as participant `id`.
+fn curator_recipe(
+    zk: &ZkEnsemble,
+    dir: &std::path::Path,
+    name: &str,
+    recipe: &str,
+    id: &str,
+) -> PeerHolder {
     let source = dir.join("CuratorHolder.java");
     std::fs::write(&source, CURATOR_HOLDER).expect("java source");
     let classpath: Vec<String> = CURATOR_JARS
@@ -249,20 +291,18 @@ fn curator(zk: &ZkEnsemble, dir: &std::path::Path, name: &str) -> PeerHolder {
     let name = distlock::LockName::new(name).expect("valid");
     let path = distlock_zk::paths::lock_dir(&options().root, &name);
     let mut java = tokio::process::Command::new(JAVA);
-    java.arg("-cp")
-        .arg(classpath.join(":"))
-        .arg(&source)
-        .args([&zk.connect_string(), &path]);
+    java.arg("-cp").arg(classpath.join(":")).arg(&source).args([
+        &zk.connect_string(),
+        &path,
+        recipe,
+        id,
+    ]);
     PeerHolder::spawn(java)
 }
 
 const JAVA: &str = "/usr/bin/java";
 
-/// On the default layout, distlock and Curator's `InterProcessMutex` share one queue: Curator
-/// waits for distlock and is woken by its release; a Curator, distlock, Curator queue is served
-/// in that order, each woken by the other's release.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn curator_and_distlock_share_one_queue() {
+fn zookeeper_and_curator() -> ZkEnsemble {
     for jar in CURATOR_JARS {
         require(
             &format!("/usr/share/java/{jar}.jar"),
@@ -271,7 +311,15 @@ async fn curator_and_distlock_share_one_queue() {
         .expect("jar");
     }
     require(JAVA, "default-jdk-headless").expect("java");
-    let zk = ZkEnsemble::start(1).expect("zookeeper");
+    ZkEnsemble::start(1).expect("zookeeper")
+}
+
+/// On the default layout, distlock and Curator's `InterProcessMutex` share one queue: Curator
+/// waits for distlock and is woken by its release; a Curator, distlock, Curator queue is served
+/// in that order, each woken by the other's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_distlock_share_one_queue() {
+    let zk = zookeeper_and_curator();
     let dir = distlock_conformance::harness::TempDir::new("curator").expect("dir");
     let connect = || async {
         let backend = ZkBackend::connect(&zk.connect_string(), options())
@@ -328,4 +376,148 @@ async fn curator_and_distlock_share_one_queue() {
         distlock_conformance::leftovers::zk_at(&zk.connect_string(), &options().root, &name).await,
         0
     );
+}
+
+/// A kazoo `Election` on `argv[2]` as participant `argv[3]`: prints `held` while it leads, and
+/// resigns when its stdin closes.
+const KAZOO_LEADER: &str = r#"
+import sys
+from kazoo.client import KazooClient
+zk = KazooClient(hosts=sys.argv[1])
+zk.start()
+def lead():
+    print("held", flush=True)
+    sys.stdin.read()
+zk.Election(sys.argv[2], sys.argv[3]).run(lead)
+zk.stop()
+"#;
+
+/// The queue of distlock's election `name` (the lock `election/<name>`): where another recipe's
+/// election on the same path queues.
+fn election_path(name: &str) -> String {
+    let lock = distlock::LockName::new(format!("{ELECTION_LOCK_PREFIX}{name}")).expect("valid");
+    distlock_zk::paths::lock_dir(&options().root, &lock)
+}
+
+/// One election shared with another recipe's, as the test drives it: distlock leads and the
+/// peer waits; distlock resigns and the peer leads, which distlock's observers see with the
+/// peer's participant id as the value; a distlock candidate waits for the peer and leads once it
+/// resigns, with a later term. `peer` starts the other recipe's participant `id`.
+async fn shared_election(
+    client: &LockClient,
+    name: &str,
+    soon: Duration,
+    peer: impl FnOnce(&str) -> PeerHolder,
+) {
+    let opts = AcquireOptions::with_ttl(Duration::from_secs(4));
+    let election = client.election(name).expect("election").options(opts);
+    let queue = format!("{ELECTION_LOCK_PREFIX}{name}");
+    let waiters = async |n: usize| {
+        for _ in 0..600 {
+            if client.inspect(&queue).await.expect("inspect").waiters == n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+    let ours = election.campaign("rust-1").await.expect("leads");
+    let mut theirs = peer("peer-1");
+    assert!(waiters(1).await, "the peer never queued");
+    assert!(
+        !theirs.holds_within(Duration::from_millis(500)).await,
+        "the peer led beside distlock"
+    );
+    let first_term = ours.term();
+    assert!(ours.resign().await.expect("resign"));
+    assert!(theirs.holds_within(soon).await, "the peer never led");
+    let leader = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!(leader.value, "peer-1");
+    assert!(leader.term > first_term);
+
+    let e = election.clone();
+    let next = tokio::spawn(async move { e.campaign_for("rust-2", Duration::from_secs(60)).await });
+    assert!(waiters(1).await, "distlock's candidate never queued");
+    theirs.release().await;
+    let next = timeout(Duration::from_secs(10), next)
+        .await
+        .expect("distlock woken by the peer's resignation")
+        .expect("task")
+        .expect("leads");
+    assert!(next.term() > leader.term);
+    let now = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!((now.value.as_str(), now.term), ("rust-2", next.term()));
+    assert!(next.resign().await.expect("resign"));
+}
+
+/// Curator's `LeaderSelector` queues as `InterProcessMutex` does, its participant id as the
+/// node's data: it shares distlock's election on the default layout (see [`shared_election`]).
+/// Curator's `LeaderLatch` names its nodes `latch-`, which distlock cannot order against its
+/// own: a campaign beside one is refused with `ForeignEntry`, never joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_leader_selector_shares_the_election_and_a_leader_latch_is_refused() {
+    let zk = zookeeper_and_curator();
+    let dir = distlock_conformance::harness::TempDir::new("curator-leader").expect("dir");
+    let backend = ZkBackend::connect(&zk.connect_string(), options())
+        .await
+        .expect("connect");
+    let client = LockClient::new(std::sync::Arc::new(backend));
+    let name = "curator-leader";
+    let queue = format!("{ELECTION_LOCK_PREFIX}{name}");
+    // A JVM starts slowly: generous limits where something must happen.
+    shared_election(&client, name, Duration::from_secs(30), |id| {
+        curator_recipe(&zk, dir.path(), &queue, "selector", id)
+    })
+    .await;
+
+    let latch = curator_recipe(&zk, dir.path(), &queue, "latch", "latch-1");
+    let election = client.election(name).expect("election");
+    let mut refused = None;
+    for _ in 0..60 {
+        match election
+            .campaign_for("rust-3", Duration::from_millis(500))
+            .await
+        {
+            Err(LockError::ForeignEntry { entry, .. }) => {
+                refused = Some(entry);
+                break;
+            }
+            Ok(leading) => {
+                assert!(leading.resign().await.expect("resign"));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("expected a typed refusal, got {e:?}"),
+        }
+    }
+    let entry = refused.expect("the latch's node was never refused");
+    assert!(entry.contains("latch-"), "{entry}");
+    latch.release().await;
+    let lock = distlock::LockName::new(queue.as_str()).expect("valid");
+    assert_eq!(
+        distlock_conformance::leftovers::zk_at(&zk.connect_string(), &options().root, &lock).await,
+        0
+    );
+}
+
+/// On `layout=kazoo`, kazoo's `Election` (a `Lock` whose node data is the participant's id)
+/// shares distlock's election (see [`shared_election`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_kazoo_layout_a_kazoo_election_shares_the_election() {
+    let zk = zookeeper_and_kazoo();
+    let o = ZkOptions {
+        layout: Layout::Kazoo,
+        ..options()
+    };
+    let backend = ZkBackend::connect(&zk.connect_string(), o)
+        .await
+        .expect("connect");
+    let client = LockClient::new(std::sync::Arc::new(backend));
+    let name = "kazoo-leader";
+    let path = election_path(name);
+    shared_election(&client, name, Duration::from_secs(10), |id| {
+        let mut python = tokio::process::Command::new(PYTHON);
+        python.args(["-c", KAZOO_LEADER, &zk.connect_string(), &path, id]);
+        PeerHolder::spawn(python)
+    })
+    .await;
 }

@@ -66,6 +66,23 @@ pub fn announced_value(entry: &[u8]) -> Option<String> {
     String::from_utf8(entry[at + 1..].to_vec()).ok()
 }
 
+/// The leader value a queue's head entry shows observers: ours once announced (`None` before:
+/// a candidate that has not announced is nobody's leader yet), or, for an entry another
+/// language's recipe wrote in the same queue (Curator's `LeaderSelector`, kazoo's `Election`,
+/// whose node data is their participant's id), that data, as their own observers read it.
+pub fn leader_value(entry: &[u8]) -> Option<String> {
+    let ours = entry.len() >= 32
+        && entry[..32].iter().all(u8::is_ascii_hexdigit)
+        && entry
+            .get(32)
+            .is_none_or(|b| matches!(b, b':' | b'#' | b'~'));
+    if ours {
+        announced_value(entry)
+    } else {
+        Some(String::from_utf8_lossy(entry).into_owned())
+    }
+}
+
 /// One named election over a [`LockClient`]'s backend, with the lease options its campaigns
 /// use (TTL, watchdog, grade). Cheap to clone.
 ///
@@ -444,6 +461,16 @@ mod tests {
         );
         assert_eq!(announced_value(b"ab12"), None);
         assert_eq!(announced_value(b"ab12:").as_deref(), Some(""));
+        let secret = "0123456789abcdef0123456789abcdef";
+        assert_eq!(leader_value(format!("{secret}~1,2,h,c").as_bytes()), None);
+        assert_eq!(
+            leader_value(format!("{secret}~1,2,h,c:v").as_bytes()).as_deref(),
+            Some("v")
+        );
+        // Another recipe's participant id, whatever it holds.
+        assert_eq!(leader_value(b"curator-1").as_deref(), Some("curator-1"));
+        assert_eq!(leader_value(b"a:b").as_deref(), Some("a:b"));
+        assert_eq!(leader_value(b"").as_deref(), Some(""));
         assert!(entry_written_by(entry.as_bytes(), "ab12"));
         assert!(entry_written_by(b"ab12", "ab12"));
         assert!(!entry_written_by(b"ab123", "ab12"));

@@ -78,7 +78,7 @@ pub use backend::{
 pub use client::LockClient;
 pub use election::{
     ELECTION_LOCK_PREFIX, Election, Leadership, MAX_VALUE_BYTES, announced_entry, announced_value,
-    entry_written_by,
+    entry_written_by, leader_value,
 };
 pub use error::{LockError, LostReason, Result, shown};
 pub use fencing::{Fence, FencingToken, StaleToken};
