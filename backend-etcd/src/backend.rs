@@ -29,6 +29,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_secs(2),
     wakeup: Wakeup::Watch,
     policies: true,
+    permits: true,
     listed_waiters: true,
 };
 

@@ -30,6 +30,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(10),
     wakeup: Wakeup::PubSub,
     policies: true,
+    permits: true,
     listed_waiters: true,
 };
 

@@ -31,6 +31,7 @@ pub const PLAIN_CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(10),
     wakeup: Wakeup::Polling,
     policies: false,
+    permits: false,
     listed_waiters: false,
 };
 

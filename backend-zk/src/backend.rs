@@ -14,6 +14,7 @@ use tokio::time::{Instant, timeout_at};
 use zookeeper_client::Error as ZkError;
 
 use crate::client::{ZkBackend, is_zk};
+use crate::paths::Layout;
 
 /// What the ZooKeeper backend declares: correctness grade, cluster-wide monotonic fencing
 /// (czxid), FIFO by sequence, client-side re-entrancy, watch wake-ups. The TTL is the session
@@ -27,7 +28,15 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(1),
     wakeup: Wakeup::Watch,
     policies: true,
+    permits: true,
     listed_waiters: true,
+};
+
+/// The same on the kazoo layout (`layout=kazoo`, [`crate::Layout::Kazoo`]): no semaphores, as
+/// kazoo's node names have no room for a limit.
+pub const KAZOO_CAPABILITIES: Capabilities = Capabilities {
+    permits: false,
+    ..CAPABILITIES
 };
 
 #[async_trait]
@@ -37,7 +46,10 @@ impl LockBackend for ZkBackend {
     }
 
     fn capabilities(&self) -> &Capabilities {
-        &CAPABILITIES
+        match self.layout() {
+            Layout::Curator => &CAPABILITIES,
+            Layout::Kazoo => &KAZOO_CAPABILITIES,
+        }
     }
 
     async fn try_acquire(&self, name: &LockName, _ttl: Duration) -> Result<Grant> {

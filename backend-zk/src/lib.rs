@@ -50,7 +50,7 @@ mod try_acquire;
 pub mod url;
 mod wait;
 
-pub use backend::CAPABILITIES;
+pub use backend::{CAPABILITIES, KAZOO_CAPABILITIES};
 pub use client::ZkBackend;
 pub use config::{NodeAcl, OnDisconnect, ZkOptions};
 pub use paths::Layout;

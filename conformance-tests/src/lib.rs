@@ -71,8 +71,10 @@ pub enum Need {
     KillsServers,
     /// One server can be killed while the rest keep serving ([`Factory::survives_a_member_kill`]).
     MemberKill,
-    /// A queue that admits by policy: semaphores and read-write locks.
+    /// A queue that admits by policy: read-write locks.
     Policies,
+    /// A queue that admits permits: semaphores.
+    Permits,
 }
 
 impl Need {
@@ -86,6 +88,7 @@ impl Need {
             Need::ServerProcess | Need::KillsServers => factory.isolated.is_some(),
             Need::MemberKill => factory.survives_a_member_kill,
             Need::Policies => caps.policies,
+            Need::Permits => caps.policies && caps.permits,
         };
         if met {
             return Ok(());
@@ -99,6 +102,7 @@ impl Need {
             }
             Need::MemberKill => "no spare member: one server's loss takes locks down with it",
             Need::Policies => "the queue admits locks only (declared policies: false)",
+            Need::Permits => "the queue admits no permits (declared permits: false)",
         }
         .to_string())
     }
@@ -153,7 +157,7 @@ macro_rules! for_each_scenario {
             server_kill_gives_retryable_errors_then_recovers: [Need::KillsServers],
             correctness_is_granted_only_where_declared: [],
             inspection_reports_the_holder_and_its_waiters: [],
-            inspection_reports_every_holder_of_a_semaphore_and_a_rwlock: [Need::Policies],
+            inspection_reports_every_holder_of_a_semaphore_and_a_rwlock: [Need::Permits],
             inspection_names_who_holds: [],
             one_leader_at_a_time_with_increasing_terms: [Need::MonotonicFencing],
             observers_agree_on_every_leader_in_order: [Need::MonotonicFencing],
@@ -163,14 +167,14 @@ macro_rules! for_each_scenario {
             cancelled_campaigns_leave_nothing_and_callbacks_hand_over: [Need::MonotonicFencing],
             a_candidate_cancelled_at_the_head_is_reported_only_until_it_goes: [Need::MonotonicFencing],
             a_candidate_is_reported_only_once_it_knows_it_leads: [Need::MonotonicFencing],
-            a_semaphore_never_admits_more_than_its_permits: [Need::Policies],
-            a_dead_holders_permit_returns: [Need::Policies],
-            a_killed_holder_process_returns_its_permit: [Need::Policies, Need::ServerProcess],
-            cancelled_permit_waiters_leave_nothing: [Need::Policies],
+            a_semaphore_never_admits_more_than_its_permits: [Need::Permits],
+            a_dead_holders_permit_returns: [Need::Permits],
+            a_killed_holder_process_returns_its_permit: [Need::Permits, Need::ServerProcess],
+            cancelled_permit_waiters_leave_nothing: [Need::Permits],
             cancelled_reader_and_writer_waits_leave_nothing: [Need::Policies],
             a_try_loses_only_to_holders_and_waiters: [Need::Policies],
-            permits_are_granted_in_arrival_order: [Need::Policies, Need::Fifo],
-            a_mismatched_permit_count_is_refused: [Need::Policies],
+            permits_are_granted_in_arrival_order: [Need::Permits, Need::Fifo],
+            a_mismatched_permit_count_is_refused: [Need::Permits],
             readers_share_and_a_writer_excludes: [Need::Policies],
             a_waiting_writer_is_not_starved_by_later_readers: [Need::Policies, Need::Fifo]
         }

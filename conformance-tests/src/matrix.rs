@@ -41,11 +41,11 @@ pub fn render(factories: &[Factory], results: Option<&HashMap<(String, String), 
         }
         out.push('\n');
     }
-    out.push_str("\n## Declared capabilities\n\n| backend | grade | fencing | FIFO | re-entrancy | TTL granularity | minimum TTL | wake-up | semaphores, read-write locks | waiters listed |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("\n## Declared capabilities\n\n| backend | grade | fencing | FIFO | re-entrancy | TTL granularity | minimum TTL | wake-up | read-write locks | semaphores | waiters listed |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for f in factories {
         let c = (f.capabilities)();
         out.push_str(&format!(
-            "| {} | {} | {:?} | {} | {:?} | {:?} | {:?} | {:?} | {} | {} |\n",
+            "| {} | {} | {:?} | {} | {:?} | {:?} | {:?} | {:?} | {} | {} | {} |\n",
             f.label,
             c.guarantee,
             c.fencing,
@@ -55,6 +55,7 @@ pub fn render(factories: &[Factory], results: Option<&HashMap<(String, String), 
             c.min_ttl,
             c.wakeup,
             c.policies,
+            c.policies && c.permits,
             c.listed_waiters
         ));
     }

@@ -11,4 +11,5 @@ conformance_tests!(redlock, deployments::redlock::FACTORY);
 conformance_tests!(etcd, deployments::etcd::FACTORY);
 conformance_tests!(etcd3, deployments::etcd::CLUSTER_FACTORY);
 conformance_tests!(zk, deployments::zk::FACTORY);
+conformance_tests!(zk_kazoo, deployments::zk::KAZOO_FACTORY);
 conformance_tests!(zk3, deployments::zk::ENSEMBLE_FACTORY);

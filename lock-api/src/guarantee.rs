@@ -99,9 +99,12 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// How waiters are woken.
     pub wakeup: Wakeup,
-    /// Whether the queue admits by policy ([`crate::Admission`]): semaphores and read-write
-    /// locks ([`crate::LockBackend::acquire_admitted`]).
+    /// Whether the queue admits by policy ([`crate::Admission`]): read-write locks, and
+    /// semaphores where [`Capabilities::permits`] too ([`crate::LockBackend::acquire_admitted`]).
     pub policies: bool,
+    /// Whether the queue admits permits ([`crate::Admission::Permit`]): semaphores. `false` on
+    /// ZooKeeper's kazoo layout, whose node names have no room for a limit.
+    pub permits: bool,
     /// Whether a waiter keeps an entry on the server while it waits, so
     /// [`crate::LockBackend::inspect`] counts it ([`crate::LockStatus::waiters`]); `false` where
     /// waiters only retry (the Redis plain layout), whose count is always 0.
@@ -145,6 +148,7 @@ mod tests {
             min_ttl: Duration::from_secs(2),
             wakeup: Wakeup::Polling,
             policies: false,
+            permits: false,
             listed_waiters: false,
         }
     }

@@ -35,8 +35,12 @@ pub(crate) fn namespaced(prefix: &str, name: &str) -> Result<LockName> {
 }
 
 /// Refuses a backend whose queue admits only locks, before any I/O.
+/// What [`check_policies`] names for a semaphore, which needs permits too.
+const SEMAPHORES: &str = "semaphores";
+
 fn check_policies(client: &LockClient, what: &str) -> Result<()> {
-    if client.capabilities().policies {
+    let caps = client.capabilities();
+    if caps.policies && (caps.permits || what != SEMAPHORES) {
         return Ok(());
     }
     Err(LockError::Unsupported {
@@ -104,8 +108,8 @@ impl LockClient {
     ///
     /// # Errors
     /// `InvalidConfig` for zero permits; `InvalidName` when `semaphore/<name>` breaks the
-    /// lock-name rule; `Unsupported` when the backend's queue admits only locks
-    /// ([`crate::Capabilities::policies`]).
+    /// lock-name rule; `Unsupported` when the backend's queue admits no permits
+    /// ([`crate::Capabilities::permits`]).
     pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
         if permits == 0 {
             return Err(LockError::invalid_config(
@@ -115,7 +119,7 @@ impl LockClient {
             ));
         }
         let lock = namespaced(SEMAPHORE_LOCK_PREFIX, name)?;
-        check_policies(self, "semaphores")?;
+        check_policies(self, SEMAPHORES)?;
         Ok(Semaphore {
             client: self.clone(),
             name: name.to_string(),

@@ -70,6 +70,7 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(10),
     wakeup: Wakeup::PubSub,
     policies: false,
+    permits: false,
     listed_waiters: true,
 };
 

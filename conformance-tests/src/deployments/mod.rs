@@ -20,6 +20,7 @@ pub fn all() -> Vec<Factory> {
         etcd::FACTORY,
         etcd::CLUSTER_FACTORY,
         zk::FACTORY,
+        zk::KAZOO_FACTORY,
         zk::ENSEMBLE_FACTORY,
     ]
 }

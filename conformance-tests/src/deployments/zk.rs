@@ -1,13 +1,14 @@
 //! ZooKeeper: a standalone server ([`FACTORY`]) or a 3-node ensemble ([`ENSEMBLE_FACTORY`]),
 //! shared by the scenarios, and a deployment of its own for the scenario that kills servers. Cut
-//! clients go through a [`Proxy`](crate::harness::Proxy) per node.
+//! clients go through a [`Proxy`](crate::harness::Proxy) per node. `zk_kazoo` is the standalone
+//! server with kazoo's node names (`layout=kazoo`, [`KAZOO_FACTORY`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{Capabilities, LockBackend, LockName};
-use distlock_zk::{ZkBackend, ZkOptions};
+use distlock_zk::{Layout, ZkBackend, ZkOptions};
 
 use crate::Factory;
 use crate::deployment::{Cut, Deployment, ProxyCut, ServerFaults, shared_or_new};
@@ -20,6 +21,17 @@ pub const FACTORY: Factory = Factory {
     capabilities: || distlock_zk::CAPABILITIES.clone(),
     shared: || Box::pin(async { deploy("zk", 1, true).await as Arc<dyn Deployment> }),
     isolated: Some(|| Box::pin(async { deploy("zk", 1, false).await as Arc<dyn Deployment> })),
+    survives_a_member_kill: false,
+};
+
+/// The ZooKeeper backend on a standalone server, with kazoo's node names.
+pub const KAZOO_FACTORY: Factory = Factory {
+    label: "zk_kazoo",
+    capabilities: || distlock_zk::KAZOO_CAPABILITIES.clone(),
+    shared: || Box::pin(async { deploy("zk_kazoo", 1, true).await as Arc<dyn Deployment> }),
+    isolated: Some(|| {
+        Box::pin(async { deploy("zk_kazoo", 1, false).await as Arc<dyn Deployment> })
+    }),
     survives_a_member_kill: false,
 };
 
@@ -60,17 +72,34 @@ pub async fn deploy(label: &'static str, nodes: usize, shared: bool) -> Arc<ZkDe
         .connect(&ensemble.connect_string())
         .await
         .expect("admin client");
+    let layout = if label == "zk_kazoo" {
+        Layout::Kazoo
+    } else {
+        Layout::Curator
+    };
     Arc::new(ZkDeployment {
         label,
+        layout,
         ensemble,
         admin,
         owns_ensemble: !shared,
     })
 }
 
+impl ZkDeployment {
+    fn options(&self) -> ZkOptions {
+        ZkOptions {
+            layout: self.layout,
+            ..options()
+        }
+    }
+}
+
 /// A ZooKeeper deployment: the ensemble and an admin client that lists queue nodes.
 pub struct ZkDeployment {
     label: &'static str,
+    /// Whose node names its clients write.
+    layout: Layout,
     /// The servers, for fault tests.
     pub ensemble: Arc<ZkEnsemble>,
     /// A client of its own, for reading what the backend left.
@@ -96,12 +125,15 @@ impl Deployment for ZkDeployment {
     }
 
     fn capabilities(&self) -> Capabilities {
-        distlock_zk::CAPABILITIES.clone()
+        match self.layout {
+            Layout::Curator => distlock_zk::CAPABILITIES.clone(),
+            Layout::Kazoo => distlock_zk::KAZOO_CAPABILITIES.clone(),
+        }
     }
 
     async fn client(&self) -> Arc<dyn LockBackend> {
         Arc::new(
-            ZkBackend::connect(&self.ensemble.connect_string(), options())
+            ZkBackend::connect(&self.ensemble.connect_string(), self.options())
                 .await
                 .expect("connect"),
         )
@@ -109,7 +141,7 @@ impl Deployment for ZkDeployment {
 
     async fn cuttable_client(&self) -> (Arc<dyn LockBackend>, Box<dyn Cut>) {
         let proxies = ProxyCut::to_ports(self.ensemble.client_ports.iter().copied());
-        let client = ZkBackend::connect(&proxies.addrs().join(","), options())
+        let client = ZkBackend::connect(&proxies.addrs().join(","), self.options())
             .await
             .expect("connect through proxy");
         (Arc::new(client), Box::new(proxies))
@@ -142,8 +174,12 @@ impl Deployment for ZkDeployment {
     }
 
     fn url(&self) -> Option<String> {
+        let layout = match self.layout {
+            Layout::Curator => "",
+            Layout::Kazoo => "&layout=kazoo",
+        };
         Some(format!(
-            "zk://{}?root=/distlock-test&session_timeout=4s&op_timeout=1s",
+            "zk://{}?root=/distlock-test&session_timeout=4s&op_timeout=1s{layout}",
             self.ensemble.connect_string()
         ))
     }

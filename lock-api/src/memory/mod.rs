@@ -139,6 +139,7 @@ const CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(1),
     wakeup: Wakeup::InProcess,
     policies: true,
+    permits: true,
     listed_waiters: true,
 };
 
