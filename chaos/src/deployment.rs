@@ -77,14 +77,22 @@ impl Deployment {
     /// Sentinel, whose clients reach the master directly), server kills where a server runs
     /// alone or in a quorum, a wall-clock jump where TTLs are counted by a server's clock
     /// (Redis, Redlock), Redlock's delayed restart, a Sentinel failover, and where there are
-    /// several servers, a client cut from one of them; a member cut from its peers in a quorum.
-    /// A Redis Cluster client is cut by its ACL user: no proxy delays it.
+    /// several servers, a client cut from one of them; a member cut from its peers in a quorum
+    /// or a Redis Cluster (a master, through its bus proxies). A Redis Cluster client is cut by
+    /// its ACL user: no proxy delays it.
     pub fn nemeses(self) -> Vec<Nemesis> {
         use Nemesis::*;
         let server: &[Nemesis] = match self {
             Deployment::RedisSentinel => return vec![Failover],
             Deployment::RedisCluster => {
-                return vec![PauseClient, KillClient, CutClient, ResetClient, KillServer];
+                return vec![
+                    PauseClient,
+                    KillClient,
+                    CutClient,
+                    ResetClient,
+                    KillServer,
+                    PartitionMember,
+                ];
             }
             Deployment::Redis => &[KillServer, ClockJump],
             Deployment::Redlock => &[KillServer, KillServerLate, ClockJump, CutClientMinority],
@@ -406,15 +414,25 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
             }
         }
         (Deployment::RedisCluster, _) => {
-            let s = Arc::new(RedisCluster::start(3).unwrap_or_else(|e| fail(e)));
+            let s = Arc::new(
+                if nemesis == Nemesis::PartitionMember {
+                    // A master is found cut off only once the cut outlasts the node timeout;
+                    // stock (15 s) outlasts the cut (1.5 TTLs), so the cut would show nothing.
+                    RedisCluster::start_with_bus_links(3, kind.ttl())
+                } else {
+                    RedisCluster::start(3)
+                }
+                .unwrap_or_else(|e| fail(e)),
+            );
             let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
+            let cut = s.clone();
             Servers {
                 kind,
                 ports,
                 clocks: Vec::new(),
                 processes: Box::new(move || refs(&c, 3)),
                 leader: Box::new(|| None),
-                isolate: Box::new(|_, _| {}),
+                isolate: Box::new(move |i, on| cut.isolate(i, on)),
                 cluster: Some(s.clone()),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),

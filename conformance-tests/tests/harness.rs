@@ -5,8 +5,8 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use distlock_conformance::harness::{
-    ClockOffset, EtcdCluster, LatencyLink, Proxy, ProxyMode, RedisMasters, RedisServer, ZkEnsemble,
-    free_port,
+    ClockOffset, EtcdCluster, LatencyLink, Proxy, ProxyMode, RedisCluster, RedisMasters,
+    RedisServer, ZkEnsemble, free_port,
 };
 
 fn pid_alive(pid: u32) -> bool {
@@ -114,6 +114,44 @@ fn independent_redis_masters() {
     assert_eq!(masters.nodes.len(), 3);
     assert!(masters.url().starts_with("redlock://127.0.0.1:"));
     assert_eq!(masters.url().matches(',').count(), 2);
+}
+
+/// A master cut from the other masters by its bus proxies, while its client port still
+/// answers: past the node timeout it knows it is in the minority (`cluster_state:fail`) and
+/// the others mark it failed; healed, the cluster is whole again.
+#[test]
+fn a_redis_cluster_master_is_cut_from_its_peers_and_healed() {
+    let cluster =
+        RedisCluster::start_with_bus_links(3, Duration::from_millis(1_000)).expect("cluster");
+    let state = |i: usize| cluster.nodes[i].command("CLUSTER INFO").unwrap_or_default();
+    let until = |what: &str, check: &dyn Fn() -> bool| {
+        for _ in 0..200 {
+            if check() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{what} within 10 s");
+    };
+    cluster.isolate(0, true);
+    until("the cut master sees itself in the minority", &|| {
+        state(0).contains("cluster_state:fail")
+    });
+    until("the others mark it failed", &|| {
+        cluster.nodes[1].command("CLUSTER NODES").is_some_and(|n| {
+            n.lines()
+                .any(|l| !l.contains("myself") && l.contains(" master,fail "))
+        })
+    });
+    assert!(
+        cluster.nodes[0]
+            .command("PING")
+            .is_some_and(|r| r.starts_with("+PONG"))
+    );
+    cluster.isolate(0, false);
+    until("the cluster is whole again", &|| {
+        (0..3).all(|i| state(i).contains("cluster_state:ok"))
+    });
 }
 
 #[test]

@@ -22,9 +22,11 @@ pub enum ProxyMode {
     Blackhole,
     /// Forward requests, drop replies: the server acts, the client never hears (a lost reply).
     DropReplies,
-    /// Blackhole the connections an etcd member with this ID dialled (its peer requests carry
-    /// `X-Server-From: <id in hex>`), pass the others: with one proxy in front of each
-    /// member's peer port, one member is cut from its peers while the rest still talk.
+    /// Blackhole the connections a member with this ID dialled, pass the others: with one proxy
+    /// in front of each member's peer port, one member is cut from its peers while the rest
+    /// still talk. The dialler is named by its first bytes: an etcd member's peer requests carry
+    /// `X-Server-From: <id in hex>`, a Redis Cluster node's bus messages its name at bytes
+    /// 40..80 of their header (the ID is its first 16 hex digits).
     BlackholeFrom(u64),
 }
 
@@ -123,8 +125,15 @@ async fn accept_loop(
     }
 }
 
-/// The etcd member ID in an `X-Server-From` header of `bytes`, if any.
-fn server_from(bytes: &[u8]) -> Option<u64> {
+/// The member that dialled a connection, from the first bytes it sent: a Redis Cluster bus
+/// message's sender (its header is `RCmb`, lengths and epochs, then the 40-character sender
+/// name at byte 40; a node sends a whole message per write, so the first read holds it), or an
+/// etcd member's `X-Server-From` header.
+fn dialler_id(bytes: &[u8]) -> Option<u64> {
+    if bytes.starts_with(b"RCmb") {
+        let name = std::str::from_utf8(bytes.get(40..56)?).ok()?;
+        return u64::from_str_radix(name, 16).ok();
+    }
     const HEADER: &[u8] = b"X-Server-From: ";
     let at = bytes.windows(HEADER.len()).position(|w| w == HEADER)? + HEADER.len();
     let hex: Vec<u8> = bytes[at..]
@@ -136,7 +145,7 @@ fn server_from(bytes: &[u8]) -> Option<u64> {
 }
 
 /// Copies one direction; `replies` is the server-to-client direction. `dialler` holds the
-/// etcd member that opened the connection, once its first request named it (0 before).
+/// member that opened the connection, once its first bytes named it (0 before).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -152,7 +161,7 @@ async fn pump(
         };
         if !replies
             && dialler.load(Ordering::Relaxed) == 0
-            && let Some(id) = server_from(&buf[..n])
+            && let Some(id) = dialler_id(&buf[..n])
         {
             dialler.store(id, Ordering::Relaxed);
         }

@@ -5,8 +5,8 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use super::{
-    ClockOffset, HarnessError, Proxy, ServerProcess, TempDir, TlsFiles, ask, free_port, local,
-    require, retry_port_clash,
+    ClockOffset, HarnessError, Proxy, ProxyMode, ServerProcess, TempDir, TlsFiles, ask, free_port,
+    local, require, retry_port_clash,
 };
 
 const BINARY: &str = "/usr/bin/redis-server";
@@ -210,26 +210,69 @@ impl RedisMasters {
 pub struct RedisCluster {
     /// The masters, in order.
     pub nodes: Vec<RedisServer>,
+    /// With [`RedisCluster::start_with_bus_links`], a proxy in front of each node's cluster bus
+    /// port (what the node announces to its peers), and each node's ID as the proxies tell
+    /// diallers apart (the first 16 hex digits of its name).
+    bus: Vec<(Proxy, u64)>,
 }
 
 impl RedisCluster {
     /// Starts `n` (at least 3) cluster-enabled servers, joins them and waits for
     /// `cluster_state:ok` on every node.
     pub fn start(n: usize) -> Result<Self, HarnessError> {
+        Self::start_inner(n, None)
+    }
+
+    /// [`RedisCluster::start`] with each node's cluster bus behind a proxy, so
+    /// [`RedisCluster::isolate`] can cut one master from the others while its clients still
+    /// reach it. `node_timeout` is the setting such a cut varies: a master is found unreachable
+    /// only once a cut outlasts it (stock 15 s, longer than a fault-campaign run).
+    pub fn start_with_bus_links(n: usize, node_timeout: Duration) -> Result<Self, HarnessError> {
+        Self::start_inner(n, Some(node_timeout))
+    }
+
+    fn start_inner(n: usize, bus_links: Option<Duration>) -> Result<Self, HarnessError> {
         require(CLI, "redis-tools")?;
+        let timeout = bus_links.map(|t| t.as_millis().to_string());
         let nodes = (0..n)
             .map(|_| {
-                RedisServer::start_with(
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                    ],
-                    None,
-                )
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ];
+                if let Some(ms) = &timeout {
+                    args.extend(["--cluster-node-timeout", ms.as_str()]);
+                }
+                RedisServer::start_with(&args, None)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let io = |source| HarnessError::Io {
+            server: "redis cluster bus proxy".into(),
+            source,
+        };
+        let mut proxies = Vec::new();
+        if bus_links.is_some() {
+            for node in &nodes {
+                // The bus listens on the client port + 10 000; peers (and `--cluster create`'s
+                // MEETs) dial the port a node announces, which is its proxy's.
+                let proxy = Proxy::start(local(node.port + 10_000)).map_err(io)?;
+                let set = format!(
+                    "CONFIG SET cluster-announce-bus-port {}",
+                    proxy.addr().port()
+                );
+                if !node.command(&set).is_some_and(|r| r.starts_with("+OK")) {
+                    return Err(HarnessError::NotReady {
+                        server: "redis cluster bus proxy".into(),
+                        after: Duration::ZERO,
+                        exited: false,
+                        log: set,
+                    });
+                }
+                proxies.push(proxy);
+            }
+        }
         let mut cli = std::process::Command::new(CLI);
         cli.arg("--cluster").arg("create");
         cli.args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
@@ -246,19 +289,64 @@ impl RedisCluster {
                 log: String::from_utf8_lossy(&out.stdout).into_owned(),
             });
         }
-        wait_for("redis cluster", Duration::from_secs(30), || {
+        let cluster_ok = |nodes: &[RedisServer]| {
             nodes.iter().all(|n| {
                 n.command("CLUSTER INFO")
                     .is_some_and(|r| r.contains("cluster_state:ok"))
             })
+        };
+        wait_for("redis cluster", Duration::from_secs(30), || {
+            cluster_ok(&nodes)
         })?;
-        Ok(RedisCluster { nodes })
+        let bus = proxies
+            .into_iter()
+            .zip(&nodes)
+            .map(|(proxy, node)| {
+                let id = node.command("CLUSTER MYID").and_then(|r| node_id(&r));
+                id.map(|id| (proxy, id)).ok_or(HarnessError::NotReady {
+                    server: "redis cluster".into(),
+                    after: Duration::ZERO,
+                    exited: false,
+                    log: "CLUSTER MYID gave no node name".into(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RedisCluster { nodes, bus })
+    }
+
+    /// Blackholes (`true`) or restores every cluster bus link to and from master `i` (its
+    /// clients still reach it), where the cluster was started with
+    /// [`RedisCluster::start_with_bus_links`]; nothing otherwise. Restored links are reset, so
+    /// the nodes reconnect at once.
+    pub fn isolate(&self, i: usize, cut: bool) {
+        let Some((_, from)) = self.bus.get(i) else {
+            return;
+        };
+        for (j, (proxy, _)) in self.bus.iter().enumerate() {
+            proxy.set_mode(match (cut, j == i) {
+                (false, _) => ProxyMode::Pass,
+                (true, true) => ProxyMode::Blackhole,
+                (true, false) => ProxyMode::BlackholeFrom(*from),
+            });
+            if !cut {
+                proxy.reset();
+            }
+        }
     }
 
     /// `redis://127.0.0.1:<port>` of every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
+}
+
+/// The first 16 hex digits of the 40-character node name in a `CLUSTER MYID` reply: what a
+/// [`Proxy`] reads off a cluster bus message's sender to tell diallers apart.
+fn node_id(reply: &str) -> Option<u64> {
+    let name = reply
+        .split_whitespace()
+        .find(|w| w.len() == 40 && w.bytes().all(|b| b.is_ascii_hexdigit()))?;
+    u64::from_str_radix(&name[..16], 16).ok()
 }
 
 /// A master and one replica whose replication link runs through a [`Proxy`], so a test can
