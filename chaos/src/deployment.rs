@@ -16,6 +16,8 @@ use crate::nemesis::Nemesis;
 
 /// The prefix (etcd, Redis) or root (ZooKeeper, with a `/`) of every run's keys.
 const PREFIX: &str = "chaos";
+/// The plain layout's key prefix (the key is the prefix and the name, verbatim).
+const PLAIN_PREFIX: &str = "chaos:";
 
 /// Where a campaign runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,9 @@ pub enum Deployment {
     Redis,
     /// One redis-server with an append-only file synced at every write: the crash-safe Redis.
     RedisAof,
+    /// One redis-server, stock settings, with the plain layout other languages' clients share
+    /// (`layout=plain`: one key, no token, no queue; waiters poll). Locks only.
+    RedisPlain,
     /// Redlock over 3 masters without persistence (a crash restarts empty).
     Redlock,
     /// etcd, one member.
@@ -45,9 +50,10 @@ pub enum Deployment {
 }
 
 /// Every deployment.
-pub const DEPLOYMENTS: [Deployment; 9] = [
+pub const DEPLOYMENTS: [Deployment; 10] = [
     Deployment::Redis,
     Deployment::RedisAof,
+    Deployment::RedisPlain,
     Deployment::RedisSentinel,
     Deployment::RedisCluster,
     Deployment::Redlock,
@@ -63,6 +69,7 @@ impl Deployment {
         match self {
             Deployment::Redis => "redis",
             Deployment::RedisAof => "redis-aof",
+            Deployment::RedisPlain => "redis-plain",
             Deployment::Redlock => "redlock",
             Deployment::Etcd => "etcd",
             Deployment::Etcd3 => "etcd3",
@@ -94,7 +101,7 @@ impl Deployment {
                     PartitionMember,
                 ];
             }
-            Deployment::Redis => &[KillServer, ClockJump],
+            Deployment::Redis | Deployment::RedisPlain => &[KillServer, ClockJump],
             Deployment::Redlock => &[KillServer, KillServerLate, ClockJump, CutClientMinority],
             Deployment::Etcd3 | Deployment::Zk3 => {
                 &[KillServer, PartitionMember, CutClientMinority]
@@ -119,12 +126,17 @@ impl Deployment {
             // then hands out tokens again (the register sees one token from two holders).
             // A cluster master is such a server for the names in its slots.
             (Nemesis::KillServer, Deployment::Redis | Deployment::RedisCluster) => (true, true),
+            // The plain layout hands out no token: only the second holder.
+            (Nemesis::KillServer, Deployment::RedisPlain) => (true, false),
             // A Redlock node restarted empty within the TTL gives a second majority.
             (Nemesis::KillServer, Deployment::Redlock) => (true, false),
             // Redis counts a TTL on its wall clock: a step forward expires locks early (one
             // server: a second holder; Redlock: a second majority where the first had the jumped
             // node in its majority). Tokens still come from the counter, in order.
-            (Nemesis::ClockJump, Deployment::Redis | Deployment::Redlock) => (true, false),
+            (
+                Nemesis::ClockJump,
+                Deployment::Redis | Deployment::RedisPlain | Deployment::Redlock,
+            ) => (true, false),
             // Asynchronous replication: the promoted replica may lack the last locks and counter
             // steps (two holders, a token handed out twice).
             (Nemesis::Failover, Deployment::RedisSentinel) => (true, true),
@@ -147,6 +159,10 @@ impl Deployment {
             Deployment::Redis | Deployment::RedisAof => {
                 format!("redis://{}?prefix={PREFIX}&op_timeout=1s", hosts[0])
             }
+            Deployment::RedisPlain => format!(
+                "redis://{}?layout=plain&prefix={PLAIN_PREFIX}&op_timeout=1s",
+                hosts[0]
+            ),
             Deployment::Redlock => {
                 format!("redlock://{all}?prefix={PREFIX}&node_timeout=200ms&retry_delay=5ms..30ms")
             }
@@ -235,10 +251,12 @@ trait Leftovers: Send + Sync + 'static {
 }
 
 impl Leftovers for RedisServer {
+    /// distlock's keys of `name`, and its plain layout's one key (`redis-plain` runs here too).
     fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
         Box::pin(async move {
             let mut admin = self.admin().await.expect("admin connection");
             leftovers::redis(&mut admin, PREFIX, &name).await
+                + leftovers::redis_plain(&mut admin, PLAIN_PREFIX, &name).await
         })
     }
 }
@@ -318,7 +336,7 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
             .collect()
     };
     match (kind, nemesis) {
-        (Deployment::Redis, Nemesis::ClockJump) => {
+        (Deployment::Redis | Deployment::RedisPlain, Nemesis::ClockJump) => {
             let clocks = clocks(1);
             let s = Arc::new(RedisServer::start_on_clock(&clocks[0]).unwrap_or_else(|e| fail(e)));
             let (p, c) = (s.port(), s.clone());
@@ -376,7 +394,7 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 _keep: Box::new(s),
             }
         }
-        (Deployment::Redis | Deployment::RedisAof, _) => {
+        (Deployment::Redis | Deployment::RedisAof | Deployment::RedisPlain, _) => {
             // The crash-safe variant differs from stock in what the run exists to vary.
             let aof: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
             let extra = if kind == Deployment::RedisAof {

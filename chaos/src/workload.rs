@@ -65,10 +65,10 @@ impl Workload {
         }
     }
 
-    /// Whether `d` offers it: Redlock has neither the policies semaphores and read-write locks
-    /// need nor the tokens terms are made of.
+    /// Whether `d` offers it: Redlock and the Redis plain layout have neither the policies
+    /// semaphores and read-write locks need nor the tokens terms are made of.
     pub fn offered_on(self, d: Deployment) -> bool {
-        self == Workload::Lock || d != Deployment::Redlock
+        self == Workload::Lock || !matches!(d, Deployment::Redlock | Deployment::RedisPlain)
     }
 
     /// Its share of a full campaign's time on each deployment, relative to the others': about

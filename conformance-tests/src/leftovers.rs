@@ -32,6 +32,16 @@ pub async fn redis(admin: &mut impl ConnectionLike, prefix: &str, name: &LockNam
     held as usize + queued.len() + stray + shared as usize
 }
 
+/// What the Redis plain layout holds of `name` under `prefix`: its one key, or nothing.
+pub async fn redis_plain(admin: &mut impl ConnectionLike, prefix: &str, name: &LockName) -> usize {
+    let held: i64 = redis::cmd("EXISTS")
+        .arg(distlock_redis::keys::plain_keys(prefix, name).lock)
+        .query_async(admin)
+        .await
+        .expect("EXISTS");
+    held as usize
+}
+
 /// [`redis()`] on a Redis Cluster whose nodes are `urls`: one cluster connection sends each key
 /// to the master of its slot.
 pub async fn redis_cluster_at(urls: &[String], prefix: &str, name: &LockName) -> usize {

@@ -189,7 +189,8 @@ impl Deployment for RedisDeployment {
     async fn artifacts(&self, name: &LockName) -> usize {
         if self.plain {
             // The key is all the plain layout ever writes.
-            return self.plain_cmd("EXISTS", name).await as usize;
+            return crate::leftovers::redis_plain(&mut self.admin.clone(), PLAIN_PREFIX, name)
+                .await;
         }
         artifacts(&mut self.admin.clone(), name).await
     }
