@@ -3,7 +3,7 @@
 //! read together, and the value goes with the key.
 
 use distlock_api::{
-    FencingToken, GrantKey, Leader, LockName, Result, announced_entry, announced_value,
+    FencingToken, GrantKey, Leader, LockName, Result, announced_entry, leader_value,
 };
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
@@ -46,7 +46,9 @@ impl EtcdBackend {
         Ok(written)
     }
 
-    /// The oldest key of the name's range (the holder), with its value: one linearizable read.
+    /// The oldest key of the name's range (the holder), with its value (another recipe's key, an
+    /// `etcdctl elect` candidate's: its proposal, [`distlock_api::leader_value`]): one
+    /// linearizable read.
     pub(crate) async fn head_entry(&self, name: &LockName) -> Result<Option<Leader>> {
         let prefix = self.name_prefix(name);
         let oldest = GetOptions::new()
@@ -62,7 +64,7 @@ impl EtcdBackend {
         Ok(got.kvs().first().and_then(|kv| {
             Some(Leader {
                 term: FencingToken(kv.create_revision() as u64),
-                value: announced_value(kv.value())?,
+                value: leader_value(kv.value())?,
             })
         }))
     }

@@ -75,6 +75,22 @@ pub const PEERS: &[Peer] = &[
         ),
     },
     Peer {
+        peer: "etcd `concurrency.Election` (Go; `etcdctl elect`), with distlock's election",
+        distlock: "`etcd://hosts/<etcd election prefix>`",
+        excludes: tested(
+            "yes: one leader; distlock's observers read the proposal as its value",
+            ETCD,
+            "etcdctl_elect_shares_the_election",
+        ),
+        wakes: tested("yes", ETCD, "etcdctl_elect_shares_the_election"),
+        order: tested("yes", ETCD, "etcdctl_elect_shares_the_election"),
+        tokens: tested(
+            "yes: terms are create revisions on both sides",
+            ETCD,
+            "etcdctl_elect_shares_the_election",
+        ),
+    },
+    Peer {
         peer: "kazoo `Lock`, `ReadLock`, `WriteLock` (Python)",
         distlock: "`zk://hosts?layout=kazoo`",
         excludes: tested(

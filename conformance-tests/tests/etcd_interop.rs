@@ -5,7 +5,9 @@
 //! revision of one key each under `p/n/`, so they exclude each other, wake each other and serve a
 //! mixed queue in order; their fencing tokens are comparable when the Go side uses its key's
 //! create revision (distlock's token), not `ETCD_LOCK_REV` (the store's revision when etcdctl
-//! saw its grant, which orders differently).
+//! saw its grant, which orders differently). etcd's election recipe (`concurrency.Election`,
+//! `etcdctl elect`) queues the same way, its proposal as its key's value: it shares distlock's
+//! election `n`, etcd's election `p/election%2Fn`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,7 +16,7 @@ use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient, LockError, LockName};
 use distlock_conformance::deployments::etcd::options;
-use distlock_conformance::harness::{EtcdCluster, TempDir, require};
+use distlock_conformance::harness::{EtcdCluster, PeerHolder, TempDir, require, shared_election};
 use distlock_conformance::leftovers;
 use distlock_etcd::{EtcdBackend, EtcdOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -240,4 +242,43 @@ async fn a_mixed_queue_is_served_in_arrival_order() {
     );
     assert!(last.release().await.expect("release"));
     drop(dir);
+}
+
+/// An `etcdctl elect <election> <proposal>` candidate (`$0` endpoints, `$1` election, `$2`
+/// proposal): prints `held` once elected (etcdctl prints its key), and resigns (SIGINT) when its
+/// stdin closes. etcdctl's output goes through a FIFO held open, so it is never cut off by a
+/// closed pipe while it leads.
+const ETCDCTL_ELECT: &str = r#"
+f=$(mktemp -u) && mkfifo "$f" || exit 1
+/usr/bin/etcdctl --endpoints="$0" elect "$1" "$2" > "$f" &
+e=$!
+exec 3< "$f"
+read -r key <&3 || exit 1
+echo held
+cat > /dev/null
+kill -INT "$e"
+wait "$e"
+rm -f "$f"
+"#;
+
+/// `etcdctl elect` shares distlock's election (see [`shared_election`]): one leader, each side
+/// woken by the other's resignation, distlock's observers reading etcdctl's proposal as the
+/// leader's value, terms (create revisions) increasing across both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_shares_the_election() {
+    let (cluster, client, _dir) = start().await;
+    let name = "etcd-leader";
+    let election = format!(
+        "{PREFIX}/{}",
+        LockName::new(format!("election/{name}"))
+            .expect("valid")
+            .encoded()
+    );
+    let endpoints = cluster.endpoints().join(",");
+    shared_election(&client, name, Duration::from_secs(10), |id| {
+        let mut sh = tokio::process::Command::new("sh");
+        sh.args(["-c", ETCDCTL_ELECT, &endpoints, &election, id]);
+        PeerHolder::spawn(sh)
+    })
+    .await;
 }

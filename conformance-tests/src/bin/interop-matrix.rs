@@ -8,7 +8,9 @@ use std::process::Command;
 use distlock_conformance::interop;
 
 fn main() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    // The workspace root: this crate's parent directory.
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().unwrap_or(&manifest).to_path_buf();
     let mut results = HashMap::new();
     for (file, test) in interop::tests() {
         let ok = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

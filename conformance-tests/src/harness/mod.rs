@@ -32,7 +32,7 @@ pub use clock::ClockOffset;
 pub use etcd::{EtcdCluster, metric_sum};
 pub use holder::{HolderProcess, holder_binary};
 pub use latency::LatencyLink;
-pub use peer::PeerHolder;
+pub use peer::{PeerHolder, shared_election};
 pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer};
