@@ -103,6 +103,9 @@ struct Target {
     peer: Option<(&'static str, Peer)>,
     ping: Option<Ping>,
     counter: Counter,
+    /// Locks only (Redlock, the Redis plain layout): no terms, no policies, so no election,
+    /// semaphore, read-write or scale tables.
+    lock_only: bool,
 }
 
 async fn connect(url: &str) -> Arc<dyn LockBackend> {
@@ -173,6 +176,7 @@ async fn backends(p: &Ports, counters: [Counter; 3]) -> Vec<Target> {
             peer: None,
             ping: None,
             counter: Counter::None,
+            lock_only: false,
         },
         Target {
             label: "redis",
@@ -183,6 +187,21 @@ async fn backends(p: &Ports, counters: [Counter; 3]) -> Vec<Target> {
             peer: Some(("rslock (1 server)", Peer::Rslock(vec![redis.clone()]))),
             ping: Some(Ping::redis(std::slice::from_ref(&redis)).await),
             counter: redis_counter,
+            lock_only: false,
+        },
+        Target {
+            // The key other languages' clients share: its recipe is the raw pair itself, so
+            // ours / raw is what the layout costs over `SET NX PX` and compare-and-delete by
+            // hand; its waiters poll (no keyspace events on a stock server).
+            label: "redis plain",
+            url: format!("{redis}?layout=plain&prefix=bench-plain:"),
+            slow: 1,
+            raw: Some(Pair::raw_redis(std::slice::from_ref(&redis)).await),
+            same: None,
+            peer: None,
+            ping: Some(Ping::redis(std::slice::from_ref(&redis)).await),
+            counter: Counter::None,
+            lock_only: true,
         },
         Target {
             label: "redlock x3",
@@ -194,6 +213,7 @@ async fn backends(p: &Ports, counters: [Counter; 3]) -> Vec<Target> {
             peer: Some(("rslock x3", Peer::Rslock(masters.clone()))),
             ping: Some(Ping::redis(&masters).await),
             counter: Counter::None,
+            lock_only: true,
         },
         Target {
             label: "etcd",
@@ -208,6 +228,7 @@ async fn backends(p: &Ports, counters: [Counter; 3]) -> Vec<Target> {
                     .expect("connect"),
             ))),
             counter: etcd_counter,
+            lock_only: false,
         },
         Target {
             label: "zk",
@@ -222,6 +243,7 @@ async fn backends(p: &Ports, counters: [Counter; 3]) -> Vec<Target> {
                     .expect("connect"),
             )),
             counter: zk_counter,
+            lock_only: false,
         },
     ]
 }
@@ -385,8 +407,8 @@ async fn main() {
         eprintln!("== {}", t.label);
         lock_tables(t, size, &mut loopback).await;
 
-        // Redlock has no tokens, so no terms: no election there.
-        if t.label != "redlock x3" {
+        // Redlock and the plain layout have no tokens, so no terms: no election there.
+        if !t.lock_only {
             let mut locks = Vec::new();
             let mut leaders = Vec::new();
             for _ in 0..size.rounds {
@@ -412,8 +434,8 @@ async fn main() {
             });
         }
 
-        // Redlock keeps no queue all nodes share: no semaphores or read-write locks there.
-        if t.label != "redlock x3" {
+        // Neither keeps a queue that admits by policy: no semaphores or read-write locks there.
+        if !t.lock_only {
             let (mut locks, mut permits, mut mixes) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..size.rounds {
                 let grants = size.grants / t.slow;
@@ -459,7 +481,7 @@ async fn main() {
         // The other clients of this server go first: their keep-alives would blur the server's
         // request count of the held leases.
         (t.raw, t.same, t.ping) = (None, None, None);
-        if t.label != "redlock x3" {
+        if !t.lock_only {
             let many = scale::many_names(connect(&t.url).await, 1_000, 256, size.scale_pairs).await;
             let held = scale::held(connect(&t.url).await, size.held, &t.counter).await;
             report.scale.push(Scale {

@@ -231,7 +231,11 @@ impl Network {
                 ));
             }
         }
-        for h in self.handover.iter().filter(|h| !is_peer(&h.backend)) {
+        for h in self
+            .handover
+            .iter()
+            .filter(|h| !is_peer(&h.backend) && !POLLING.contains(&h.backend.as_str()))
+        {
             if let Some(rtt) = h.rtt_p50_us {
                 let x = h.stats.p50_us / rtt;
                 out.push_str(&format!(
@@ -310,6 +314,10 @@ const PEERS: [(&str, &str); 4] = [
     ("etcd-client lock", "etcd"),
     ("zookeeper-client lock", "zk"),
 ];
+
+/// Our backends whose waiters poll by design (the Redis plain layout keeps no queue): their
+/// hand-over is measured and shown, but the hand-over targets are not theirs.
+const POLLING: [&str; 1] = ["redis plain"];
 
 fn is_peer(label: &str) -> bool {
     PEERS.iter().any(|(peer, _)| *peer == label)
