@@ -180,7 +180,8 @@ end
 ///   increase, not to be consecutive.
 /// * Ours already (a retry after a lost reply): refresh the TTL, return `{1, token}`.
 /// * Held under a value distlock does not write (another recipe's lock on our key, which jumps
-///   our queue and wakes none of our waiters): return `{-4, 0}`, refused (nothing joined).
+///   our queue and wakes none of our waiters): return `{-4, 0}`, refused (nothing joined). Not on
+///   a Redlock arbiter, whose queue is Redlock's own: there it is a holder like any other.
 /// * Held by another: a waiter joins the queue (arrival order, first join only) and refreshes
 ///   its liveness; return `{0, pttl}` (the next re-check bound).
 /// * Free, but a live waiter other than us heads the queue: it is promised to that waiter; a
@@ -214,7 +215,7 @@ if cur and string.sub(cur, 1, 33) == me .. ':' then
   redis.call('PEXPIRE', lock, ttl)
   return {{1, tonumber(string.match(cur, '^%x+:(%d+)'))}}
 end
-if cur and not distlock_value(cur) then
+if cur and not arbiter and not distlock_value(cur) then
   return {{-4, 0}}
 end
 local now, arrival, purged, head = 0, 0, 0, nil

@@ -266,13 +266,21 @@ impl BackendSpec {
                 .capabilities()
                 .clone(),
             #[cfg(feature = "redis")]
-            BackendSpec::Redis { .. } => distlock_redis::CAPABILITIES,
+            BackendSpec::Redis { options, .. } => match options.layout {
+                distlock_redis::RedisLayout::Distlock => distlock_redis::CAPABILITIES,
+                // Before connecting, whether the server publishes keyspace events is unknown:
+                // the polling declaration, which differs from the other only in the wake-up.
+                distlock_redis::RedisLayout::Plain { .. } => distlock_redis::PLAIN_CAPABILITIES,
+            },
             #[cfg(feature = "redis")]
             BackendSpec::Redlock { .. } => distlock_redis::REDLOCK_CAPABILITIES,
             #[cfg(feature = "etcd")]
             BackendSpec::Etcd { .. } => distlock_etcd::CAPABILITIES,
             #[cfg(feature = "zk")]
-            BackendSpec::Zk { .. } => distlock_zk::CAPABILITIES,
+            BackendSpec::Zk { options, .. } => match options.layout {
+                distlock_zk::Layout::Curator => distlock_zk::CAPABILITIES,
+                distlock_zk::Layout::Kazoo => distlock_zk::KAZOO_CAPABILITIES,
+            },
         }
     }
 

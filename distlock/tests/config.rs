@@ -285,6 +285,28 @@ fn every_redis_deployment_parses_from_a_url() {
     assert!(!format!("{t:?}").contains("pw"), "{t:?}");
 }
 
+/// What a layout cannot give is known at load time, before connecting: the Redis plain layout
+/// has no token, queue or policies; ZooKeeper's kazoo layout no semaphores.
+#[cfg(all(feature = "redis", feature = "zk"))]
+#[test]
+fn a_layout_declares_what_it_gives_before_connecting() {
+    use distlock::{BackendSpec, Fencing};
+    let none = Default::default();
+    let caps = |url: &str| {
+        BackendSpec::parse("url", url, &none)
+            .unwrap_or_else(|e| panic!("{url}: {e}"))
+            .capabilities()
+    };
+    let plain = caps("redis://h:6379?layout=plain");
+    assert_eq!(
+        (plain.fencing, plain.fifo, plain.policies),
+        (Fencing::None, false, false)
+    );
+    assert!(caps("redis://h:6379").fencing.is_monotonic());
+    assert!(!caps("zk://h:2181?layout=kazoo").permits);
+    assert!(caps("zk://h:2181").permits);
+}
+
 #[cfg(feature = "redis")]
 #[test]
 fn bad_redis_deployments_are_named() {

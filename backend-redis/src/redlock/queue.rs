@@ -74,8 +74,8 @@ impl RedlockBackend {
         match answer {
             // Held (told our turn: by a newcomer) or promised to a waiter ahead of us: whatever
             // the others granted goes back, waking nobody (we keep our place; the holder's
-            // release tells the head). (A limit mismatch needs a permit: Redlock asks none;
-            // another recipe's value on the arbiter is a lock taken there.)
+            // release tells the head). (A limit mismatch needs a permit, which Redlock never
+            // asks; the arbiter's script counts a foreign value as a holder: neither comes.)
             Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. } | Attempt::Foreign) => {
                 match others {
                     Some(t) if t.granted + t.silent.len() > 0 => (
