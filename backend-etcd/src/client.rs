@@ -177,10 +177,14 @@ impl EtcdBackend {
     {
         let deadline = Instant::now() + self.inner.options.op_timeout;
         let mut at_once = RETRIES_AT_ONCE;
+        // The last transient failure: when the time runs out in a retry, it says more than "no
+        // answer" (an unreachable member's "connection refused", say).
+        let mut last = None;
         loop {
             match timeout_at(deadline, op(client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if transient(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                    last = Some(e);
                     self.readd_members().await;
                     if at_once > 0 {
                         at_once -= 1;
@@ -190,11 +194,14 @@ impl EtcdBackend {
                 }
                 Ok(Err(e)) => return Err(self.err(e)),
                 Err(_) => {
-                    return Err(LockError::backend(
-                        self.inner.endpoints.clone(),
-                        true,
-                        format!("no answer within {:?}", self.inner.options.op_timeout),
-                    ));
+                    return Err(match last {
+                        Some(e) => self.err(e),
+                        None => LockError::backend(
+                            self.inner.endpoints.clone(),
+                            true,
+                            format!("no answer within {:?}", self.inner.options.op_timeout),
+                        ),
+                    });
                 }
             }
         }
