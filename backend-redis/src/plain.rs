@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, Capabilities, Fencing, Grant, GrantKey, Guarantee, HolderInfo, HolderStatus,
-    LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Result, Wakeup,
+    Admission, Capabilities, Fencing, Grant, Guarantee, HolderInfo, HolderStatus, LockError,
+    LockName, LockStatus, OwnerSecret, Reentrancy, Result, Wakeup,
 };
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
@@ -91,18 +91,14 @@ impl RedisBackend {
                 .attempt(&keys, (&secret, &holder), ttl, Ask::Plain)
                 .await?
             {
-                return Ok(Grant {
-                    key: GrantKey {
-                        name: name.clone(),
-                        resource: keys.lock,
-                        secret,
-                        holder,
-                    },
-                    token: None,
+                return Ok(Grant::own_ttl(
+                    name,
+                    keys.lock,
+                    (secret, holder),
+                    None,
                     ttl,
-                    sent_at: sent,
-                    session: None,
-                });
+                    sent,
+                ));
             }
             let Some(deadline) = deadline else {
                 return Err(LockError::Busy {

@@ -4,10 +4,7 @@
 
 use std::time::Duration;
 
-use distlock_api::{
-    Admission, FencingToken, Grant, GrantKey, HolderInfo, LockError, LockName, OwnerSecret, Result,
-};
-use tokio::time::Instant;
+use distlock_api::{Admission, HolderInfo, LockError, OwnerSecret, Result};
 
 use crate::client::RedisBackend;
 use crate::keys::{LockKeys, slot};
@@ -214,29 +211,6 @@ impl RedisBackend {
             .await;
         if let Err(error) = left {
             tracing::debug!(%error, "distlock redis: leaving the queue failed; liveness will drop us");
-        }
-    }
-
-    pub(crate) fn grant(
-        &self,
-        name: &LockName,
-        resource: String,
-        (secret, holder): (OwnerSecret, HolderInfo),
-        token: u64,
-        ttl: Duration,
-        sent_at: Instant,
-    ) -> Grant {
-        Grant {
-            key: GrantKey {
-                name: name.clone(),
-                resource,
-                secret,
-                holder,
-            },
-            token: Some(FencingToken(token)),
-            ttl,
-            sent_at,
-            session: None,
         }
     }
 }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use distlock_api::{Admission, Grant, HolderInfo, LockError, LockName, OwnerSecret, Result};
+use distlock_api::{
+    Admission, FencingToken, Grant, HolderInfo, LockError, LockName, OwnerSecret, Result,
+};
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
@@ -54,7 +56,15 @@ impl RedisBackend {
                     } else {
                         keys.lock
                     };
-                    return Ok(self.grant(name, resource, (secret, holder), token, ttl, sent));
+                    let token = Some(FencingToken(token));
+                    return Ok(Grant::own_ttl(
+                        name,
+                        resource,
+                        (secret, holder),
+                        token,
+                        ttl,
+                        sent,
+                    ));
                 }
                 Ok(Attempt::Mismatch { theirs }) => {
                     // The script took us out of the queue.

@@ -50,6 +50,32 @@ pub struct Grant {
     pub session: Option<LostSignal>,
 }
 
+impl Grant {
+    /// The grant of `secret`'s entry `resource` under `name`, alive for its own TTL alone (no
+    /// session carries it: every backend but etcd's).
+    pub fn own_ttl(
+        name: &LockName,
+        resource: String,
+        (secret, holder): (OwnerSecret, HolderInfo),
+        token: Option<FencingToken>,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> Grant {
+        Grant {
+            key: GrantKey {
+                name: name.clone(),
+                resource,
+                secret,
+                holder,
+            },
+            token,
+            ttl,
+            sent_at,
+            session: None,
+        }
+    }
+}
+
 /// What a backend holds for one lock name, read without touching it ([`LockBackend::inspect`]):
 /// for status pages and operators' tools. A snapshot: it may have changed by the time it is read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -191,19 +191,8 @@ impl RedlockBackend {
         ttl: Duration,
         start: Instant,
     ) -> Grant {
-        Grant {
-            key: GrantKey {
-                name: name.clone(),
-                resource: keys.lock,
-                secret,
-                holder,
-            },
-            // No token: per-node counters are not one sequence (see the module docs).
-            token: None,
-            ttl,
-            sent_at: start,
-            session: None,
-        }
+        // No token: per-node counters are not one sequence (see the module docs).
+        Grant::own_ttl(name, keys.lock, (secret, holder), None, ttl, start)
     }
 }
 

@@ -171,18 +171,14 @@ impl MemoryBackend {
         ttl: Duration,
         (token, at): Handoff,
     ) -> Grant {
-        Grant {
-            key: GrantKey {
-                name: name.clone(),
-                resource: name.encoded().to_string(),
-                secret,
-                holder,
-            },
-            token: Some(FencingToken(token)),
+        Grant::own_ttl(
+            name,
+            name.encoded().to_string(),
+            (secret, holder),
+            Some(FencingToken(token)),
             ttl,
-            sent_at: at,
-            session: None,
-        }
+            at,
+        )
     }
 }
 
