@@ -1,0 +1,435 @@
+//! [`PostgresBackend`]: connecting (the server's facts and grade, the layout, LISTEN), the one
+//! pipelined connection every request shares, replaced when it fails or a request goes
+//! unanswered, and the error mapping.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use distlock_api::{Capabilities, LockError, OwnerSecret, Result};
+use futures_util::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row};
+
+use crate::backend::{CAPABILITIES, EFFICIENCY_CAPABILITIES};
+use crate::config::{PostgresOptions, valid_schema};
+use crate::grade::ServerFacts;
+use crate::notify::Notifier;
+use crate::sql;
+
+/// The lock contract over PostgreSQL: a lease table with one FIFO queue per name (see the crate
+/// docs). Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("server", &self.inner.server)
+            .field("options", &self.inner.options)
+            .field("grade", &self.inner.capabilities.guarantee)
+            .finish()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) options: PostgresOptions,
+    /// `postgres <host:port,...>`, for errors.
+    pub(crate) server: String,
+    /// This client's wake-up channel ([`sql::client_channel`]).
+    pub(crate) channel: String,
+    pub(crate) sql: Statements,
+    pub(crate) notifier: Arc<Notifier>,
+    capabilities: Capabilities,
+    /// Why the server is graded efficiency only, when it is.
+    downgrade: Option<String>,
+    live: Mutex<Option<Live>>,
+    /// Held while a connection is opened, so concurrent callers open one.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+/// The statements, in the client's schema.
+pub(crate) struct Statements {
+    pub(crate) acquire: String,
+    pub(crate) admit: String,
+    pub(crate) release: String,
+    pub(crate) announce: String,
+    pub(crate) renew: String,
+    pub(crate) entries: String,
+    pub(crate) leader_channel: String,
+    sweep: String,
+}
+
+struct Live {
+    client: Arc<Client>,
+    driver: AbortHandle,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(live) = lock(&self.live).take() {
+            live.driver.abort();
+        }
+    }
+}
+
+/// How often a client deletes long-expired entries ([`sql::SWEEP`]).
+const SWEEP_PERIOD: Duration = Duration::from_secs(60);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl PostgresBackend {
+    /// Connects, reads what decides the grade, installs the layout if it is missing or of
+    /// another version, and LISTENs on this client's channel.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a schema that is not a plain identifier; a non-retryable backend
+    /// error for a standby (it cannot write a grant); a retryable one when no server answers.
+    pub async fn connect(options: PostgresOptions) -> Result<Self> {
+        if !valid_schema(&options.schema) {
+            return Err(LockError::invalid_config(
+                "postgres.schema",
+                &options.schema,
+                "must be a lower-case identifier of at most 28 bytes",
+            ));
+        }
+        let server = format!("postgres {}", options.hosts.join(","));
+        let channel = sql::client_channel(&options.schema, &OwnerSecret::random()?.expose_hex());
+        let in_schema = |s| sql::in_schema(s, &options.schema);
+        let statements = Statements {
+            acquire: in_schema(sql::ACQUIRE),
+            admit: in_schema(sql::ADMIT),
+            release: in_schema(sql::RELEASE),
+            announce: in_schema(sql::ANNOUNCE),
+            renew: in_schema(sql::RENEW),
+            entries: in_schema(sql::ENTRIES),
+            leader_channel: in_schema(sql::LEADER_CHANNEL),
+            sweep: in_schema(sql::SWEEP),
+        };
+        let notifier = Arc::new(Notifier::default());
+        let (live, facts) = open(&options, &server, &channel, &notifier).await?;
+        let downgrade = facts.downgrade();
+        let capabilities = match downgrade {
+            None => CAPABILITIES,
+            Some(_) => EFFICIENCY_CAPABILITIES,
+        };
+        let backend = PostgresBackend {
+            inner: Arc::new(Inner {
+                options,
+                server,
+                channel,
+                sql: statements,
+                notifier,
+                capabilities,
+                downgrade,
+                live: Mutex::new(Some(live)),
+                connecting: tokio::sync::Mutex::new(()),
+            }),
+        };
+        backend.sweep_every(SWEEP_PERIOD);
+        Ok(backend)
+    }
+
+    /// Deletes long-expired entries of every name every `period` while the client lives.
+    fn sweep_every(&self, period: Duration) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let backend = PostgresBackend { inner };
+                if let Err(error) = backend.query(&backend.inner.sql.sweep, &[]).await {
+                    tracing::debug!(%error, "distlock postgres: sweeping expired entries failed");
+                }
+            }
+        });
+    }
+
+    /// What this client declares: [`CAPABILITIES`] when the server keeps grants durably (checked
+    /// at connect), [`EFFICIENCY_CAPABILITIES`] otherwise.
+    pub(crate) fn declared(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    /// Why the server is graded efficiency only (the first check it failed at connect), or
+    /// `None` when it keeps the correctness grade's promises.
+    pub fn downgrade_reason(&self) -> Option<&str> {
+        self.inner.downgrade.as_deref()
+    }
+
+    /// The live connection, or a new one (after a failure or an unanswered request). A new one
+    /// wakes every waiter and observer: messages sent while none was open are lost.
+    async fn client(&self) -> Result<Arc<Client>> {
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let _one = self.inner.connecting.lock().await;
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let i = &self.inner;
+        let (live, facts) = open(&i.options, &i.server, &i.channel, &i.notifier).await?;
+        if i.downgrade.is_none() {
+            if let Some(why) = facts.downgrade() {
+                live.driver.abort();
+                return Err(LockError::backend(
+                    i.server.clone(),
+                    false,
+                    format!(
+                        "connected at the correctness grade, the server no longer keeps it: {why}"
+                    ),
+                ));
+            }
+        }
+        let client = live.client.clone();
+        *lock(&i.live) = Some(live);
+        i.notifier.wake_all();
+        Ok(client)
+    }
+
+    fn current(&self) -> Option<Arc<Client>> {
+        lock(&self.inner.live)
+            .as_ref()
+            .filter(|l| !l.client.is_closed())
+            .map(|l| l.client.clone())
+    }
+
+    /// Drops `client`'s connection if it is still the current one: a request on it went
+    /// unanswered, and its replies may never come (a silent partition).
+    fn forget(&self, client: &Arc<Client>) {
+        let mut live = lock(&self.inner.live);
+        if live
+            .as_ref()
+            .is_some_and(|l| Arc::ptr_eq(&l.client, client))
+        {
+            if let Some(l) = live.take() {
+                l.driver.abort();
+            }
+        }
+    }
+
+    /// One statement (unnamed, typed: no prepare round trip), cut off after `op_timeout`.
+    pub(crate) async fn query(
+        &self,
+        statement: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>> {
+        self.query_until(
+            Instant::now() + self.inner.options.op_timeout,
+            statement,
+            params,
+        )
+        .await
+    }
+
+    /// [`PostgresBackend::query`], cut off at `deadline`.
+    pub(crate) async fn query_until(
+        &self,
+        deadline: Instant,
+        statement: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>> {
+        let client = tokio::time::timeout_at(deadline, self.client())
+            .await
+            .map_err(|_| self.no_answer())??;
+        match tokio::time::timeout_at(deadline, client.query_typed(statement, params)).await {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => {
+                if client.is_closed() {
+                    self.forget(&client);
+                }
+                Err(self.error(&e))
+            }
+            Err(_) => {
+                self.forget(&client);
+                Err(self.no_answer())
+            }
+        }
+    }
+
+    /// The first column of a one-row answer.
+    pub(crate) async fn query_value<T>(
+        &self,
+        statement: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<T>
+    where
+        T: for<'a> tokio_postgres::types::FromSql<'a>,
+    {
+        let rows = self.query(statement, params).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| LockError::backend(self.inner.server.clone(), false, "no row"))?;
+        row.try_get(0).map_err(|e| self.error(&e))
+    }
+
+    fn no_answer(&self) -> LockError {
+        LockError::backend(self.inner.server.clone(), true, "no answer in time")
+    }
+
+    /// A client error as a [`LockError`]: retryable when the connection failed or the server
+    /// asks to retry (serialization, deadlock, shutdown, too many connections).
+    pub(crate) fn error(&self, e: &tokio_postgres::Error) -> LockError {
+        let retryable = match e.code() {
+            None => true,
+            Some(code) => {
+                let c = code.code();
+                c.starts_with("40") || c.starts_with("08") || c.starts_with("57P") || c == "53300"
+            }
+        };
+        LockError::backend(self.inner.server.clone(), retryable, describe(e))
+    }
+
+    /// LISTENs on `channel` for an observer, on the current connection (every new one does too).
+    pub(crate) async fn listen(&self, channel: &str) -> Result<()> {
+        let client = self.client().await?;
+        let statement = format!("LISTEN \"{channel}\"");
+        match tokio::time::timeout(
+            self.inner.options.op_timeout,
+            client.batch_execute(&statement),
+        )
+        .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.error(&e)),
+            Err(_) => {
+                self.forget(&client);
+                Err(self.no_answer())
+            }
+        }
+    }
+}
+
+/// The server's message with its SQLSTATE, or the client's error.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// Opens a connection: its driver, the server's facts (a standby is refused), the layout, and
+/// LISTEN on the client's channel and every observed leader channel.
+async fn open(
+    o: &PostgresOptions,
+    server: &str,
+    channel: &str,
+    notifier: &Arc<Notifier>,
+) -> Result<(Live, ServerFacts)> {
+    let fail = |retryable: bool, e: String| LockError::backend(server.to_string(), retryable, e);
+    let mut config = tokio_postgres::Config::new();
+    for h in &o.hosts {
+        let (host, port) = h
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .ok_or_else(|| LockError::invalid_config("postgres.hosts", h, "not host:port"))?;
+        config.host(host).port(port);
+    }
+    config
+        .user(&o.credentials.0)
+        .password(&o.credentials.1)
+        .dbname(&o.dbname)
+        .application_name("distlock")
+        .connect_timeout(o.connect_timeout)
+        // Grants must be durable before they are reported, whatever the server's default
+        // (a crash after an asynchronous commit reissued a token in the brief's measurement).
+        .options("-c synchronous_commit=on");
+    if o.hosts.len() > 1 {
+        // Of several servers, the primary.
+        config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    }
+    let (client, connection) = tokio::time::timeout(o.connect_timeout, config.connect(NoTls))
+        .await
+        .map_err(|_| {
+            fail(
+                true,
+                format!("not connected within {:?}", o.connect_timeout),
+            )
+        })?
+        .map_err(|e| fail(true, describe(&e)))?;
+    let live = Live {
+        client: Arc::new(client),
+        driver: drive(connection, notifier.clone(), channel.to_string()),
+    };
+    let setup = async {
+        let c = &live.client;
+        let facts = ServerFacts::read(c)
+            .await
+            .map_err(|e| fail(true, describe(&e)))?;
+        if facts.in_recovery {
+            return Err(fail(
+                false,
+                "the server is a standby (pg_is_in_recovery): a grant needs the primary".into(),
+            ));
+        }
+        let installed = c
+            .query_typed(&sql::in_schema(sql::VERSION_QUERY, &o.schema), &[])
+            .await
+            .ok()
+            .and_then(|rows| rows.first().and_then(|r| r.try_get::<_, i64>(0).ok()));
+        if installed != Some(sql::VERSION) {
+            let migrate = format!("BEGIN;{}COMMIT;", sql::in_schema(sql::MIGRATE, &o.schema));
+            c.batch_execute(&migrate)
+                .await
+                .map_err(|e| fail(false, format!("installing the layout: {}", describe(&e))))?;
+        }
+        let mut listen = format!("LISTEN \"{channel}\";");
+        for observed in notifier.observed() {
+            listen.push_str(&format!("LISTEN \"{observed}\";"));
+        }
+        c.batch_execute(&listen)
+            .await
+            .map_err(|e| fail(true, describe(&e)))?;
+        Ok(facts)
+    };
+    match tokio::time::timeout(o.op_timeout.max(Duration::from_secs(5)), setup).await {
+        Ok(Ok(facts)) => Ok((live, facts)),
+        Ok(Err(e)) => {
+            live.driver.abort();
+            Err(e)
+        }
+        Err(_) => {
+            live.driver.abort();
+            Err(fail(
+                true,
+                "no answer while setting up the connection".into(),
+            ))
+        }
+    }
+}
+
+/// Runs the connection and routes its notifications; when it ends, every waiter re-checks.
+fn drive<S, T>(
+    mut connection: Connection<S, T>,
+    notifier: Arc<Notifier>,
+    channel: String,
+) -> AbortHandle
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    notifier.deliver(&channel, n.channel(), n.payload());
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "distlock postgres: the connection ended");
+                    break;
+                }
+            }
+        }
+        notifier.wake_all();
+    })
+    .abort_handle()
+}

@@ -1,0 +1,65 @@
+//! Options of the PostgreSQL backend.
+
+use std::time::Duration;
+
+/// The longest schema name: the notification channels (`<schema>_c_<32 hex>`) must stay within
+/// PostgreSQL's 63-byte identifiers.
+pub const MAX_SCHEMA_LEN: usize = 28;
+
+/// How a [`crate::PostgresBackend`] reaches PostgreSQL and where it keeps its table.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresOptions {
+    /// `host:port` of each server, tried in order; the first that is a primary serves (a standby
+    /// is refused: it cannot write a grant).
+    pub hosts: Vec<String>,
+    /// The database. Default `postgres`.
+    pub dbname: String,
+    /// User and password. Default user `postgres`, no password.
+    pub credentials: (String, String),
+    /// The schema of the lease table and its functions (created at connect). A plain lower-case
+    /// identifier of at most [`MAX_SCHEMA_LEN`] bytes. Default `distlock`.
+    pub schema: String,
+    /// Every request is cut off after this and reported as a retryable error; the connection is
+    /// then replaced (a reply that did not come may never come). Default 5 s.
+    pub op_timeout: Duration,
+    /// Connecting is cut off after this. Default 5 s.
+    pub connect_timeout: Duration,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            hosts: vec!["127.0.0.1:5432".to_string()],
+            dbname: "postgres".to_string(),
+            credentials: ("postgres".to_string(), String::new()),
+            schema: "distlock".to_string(),
+            op_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("hosts", &self.hosts)
+            .field("dbname", &self.dbname)
+            .field("user", &self.credentials.0)
+            .field("password", &"<redacted>")
+            .field("schema", &self.schema)
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+/// Whether `schema` can be put into the layout's SQL as it is: `[a-z_][a-z0-9_]*`, at most
+/// [`MAX_SCHEMA_LEN`] bytes.
+pub fn valid_schema(schema: &str) -> bool {
+    let mut chars = schema.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && schema.len() <= MAX_SCHEMA_LEN
+}
