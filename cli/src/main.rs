@@ -54,7 +54,7 @@ struct Cli {
 #[derive(Args)]
 struct Source {
     /// A backend URL (redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://,
-    /// etcd://, zk://, memory://); it serves both grades where it can.
+    /// etcd://, zk://, postgres://, memory://); it serves both grades where it can.
     #[arg(long, global = true, conflicts_with = "config")]
     backend: Option<String>,
     /// A TOML configuration file (the library's format); `DISTLOCK_*` variables override it.
@@ -80,7 +80,7 @@ enum Command {
 struct Held {
     /// The lock name.
     name: String,
-    /// Take a correctness lock (etcd or ZooKeeper: the command gets a fencing token).
+    /// Take a correctness lock (etcd, ZooKeeper or PostgreSQL: the command gets a fencing token).
     #[arg(long)]
     correctness: bool,
     /// The lease TTL (renewed by the watchdog while the command runs), e.g. 30s.

@@ -3,7 +3,7 @@
 //! ```toml
 //! # distlock.toml
 //! efficiency = "cache"          # backend for efficiency locks
-//! correctness = "main"          # backend for correctness locks (must be etcd, zk or memory)
+//! correctness = "main"          # backend for correctness locks (etcd, zk, postgres or memory)
 //!
 //! [backends.cache]
 //! url = "redis://:secret@127.0.0.1:6379/0?prefix=myapp"
@@ -58,7 +58,7 @@ impl std::fmt::Display for OptionValue {
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
-    /// `memory://`, `redis://`, `etcd://`, `zk://` (see [`crate::BackendSpec`]).
+    /// `memory://`, `redis://`, `etcd://`, `zk://`, `postgres://` (see [`crate::BackendSpec`]).
     pub url: String,
     /// Options by name, as in the URL's query string.
     #[serde(default)]

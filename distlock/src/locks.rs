@@ -155,17 +155,29 @@ impl Locks {
         let mut clients: BTreeMap<String, LockClient> = BTreeMap::new();
         for name in std::iter::once(&efficiency).chain(correctness.as_ref()) {
             if !clients.contains_key(name) {
-                let backend =
-                    specs[name]
-                        .connect()
-                        .await
-                        .map_err(|source| ConfigError::Backend {
-                            backend: name.clone(),
-                            source,
-                        })?;
+                // A correctness profile asked for is graded as its server connects
+                // (PostgreSQL's durability settings decide its grade).
+                let wanted = if Some(name) == correctness.as_ref() && config.correctness.is_some() {
+                    Guarantee::Correctness
+                } else {
+                    Guarantee::Efficiency
+                };
+                let backend = specs[name].connect_graded(wanted).await.map_err(|source| {
+                    ConfigError::Backend {
+                        backend: name.clone(),
+                        source,
+                    }
+                })?;
                 clients.insert(name.clone(), LockClient::new(backend));
             }
         }
+        // A profile nobody asked for goes where the connected server cannot give it.
+        let correctness = correctness.filter(|name| {
+            clients[name]
+                .capabilities()
+                .refusal(Guarantee::Correctness)
+                .is_none()
+        });
         // The lease settings against the TTL each backend really gives (a session's on etcd and
         // ZooKeeper, known once connected): refused here, not at the first acquire.
         for (name, client) in &clients {
@@ -363,7 +375,7 @@ impl Acquire<'_> {
                 Guarantee::Correctness,
                 &format!(
                     "no correctness profile is configured and backend {:?} is efficiency grade; \
-                     name an etcd or zk backend as `correctness`",
+                     name an etcd, zk or postgres backend as `correctness`",
                     only.backend
                 ),
             )

@@ -1,7 +1,7 @@
 //! Backend URLs parsed into a [`BackendSpec`] with typed errors, then connected. [`SCHEMES`] is
 //! the one list of schemes, whatever this build compiled in: a scheme whose backend's cargo
 //! feature is off is refused with an error naming the feature. Each backend crate reads its own
-//! options (`distlock_redis::url`, `distlock_etcd::url`, `distlock_zk::url`, on the shared
+//! options (`distlock_redis::url`, `distlock_etcd::url`, `distlock_zk::url`, `distlock_postgres::url`, on the shared
 //! grammar of `distlock_api::url`). Options come from the query string or from a table; both
 //! use the same names.
 
@@ -9,9 +9,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
+use distlock_api::LockError;
 use distlock_api::memory::MemoryStore;
 use distlock_api::url::BackendUrl;
-use distlock_api::{Capabilities, LockBackend};
+use distlock_api::{Capabilities, Guarantee, LockBackend};
 
 use crate::error::ConfigError;
 
@@ -68,6 +70,14 @@ pub enum BackendSpec {
         /// Backend options.
         options: distlock_zk::ZkOptions,
     },
+    /// `postgres://[user:password@]h1:p1[,h2:p2][/dbname][?schema=..&op_timeout=..&connect_timeout=..]`
+    /// (also `postgresql://`): a lease table in the schema (default `distlock`), correctness
+    /// grade where the server keeps grants durably (checked at connect).
+    #[cfg(feature = "postgres")]
+    Postgres {
+        /// Servers, database, credentials and the backend's options.
+        options: distlock_postgres::PostgresOptions,
+    },
 }
 
 impl std::fmt::Debug for BackendSpec {
@@ -100,6 +110,11 @@ impl std::fmt::Debug for BackendSpec {
                 .field("connect", connect)
                 .field("options", options)
                 .finish(),
+            #[cfg(feature = "postgres")]
+            BackendSpec::Postgres { options } => f
+                .debug_struct("Postgres")
+                .field("options", options)
+                .finish(),
         }
     }
 }
@@ -123,6 +138,7 @@ impl Scheme {
             Some("redis") => cfg!(feature = "redis"),
             Some("etcd") => cfg!(feature = "etcd"),
             Some("zk") => cfg!(feature = "zk"),
+            Some("postgres") => cfg!(feature = "postgres"),
             Some(_) => false,
         }
     }
@@ -147,6 +163,8 @@ pub const SCHEMES: &[Scheme] = &[
     scheme("redlock", "redlock", Some("redis")),
     scheme("etcd", "etcd", Some("etcd")),
     scheme("zk", "zk", Some("zk")),
+    scheme("postgres", "postgres", Some("postgres")),
+    scheme("postgresql", "postgres", Some("postgres")),
 ];
 
 /// The schemes this build accepts.
@@ -236,6 +254,11 @@ impl BackendSpec {
                 distlock_zk::url::from_url(&mut parts)
                     .map(|(connect, options)| BackendSpec::Zk { connect, options }),
             )?,
+            #[cfg(feature = "postgres")]
+            "postgres" => read(
+                distlock_postgres::url::from_url(&mut parts)
+                    .map(|options| BackendSpec::Postgres { options }),
+            )?,
             _ => BackendSpec::Memory {
                 store: parts.hosts.clone(),
             },
@@ -244,7 +267,7 @@ impl BackendSpec {
         Ok(spec)
     }
 
-    /// The backend kind (`memory`, `redis`, `etcd`, `zk`).
+    /// The backend kind (`memory`, `redis`, `etcd`, `zk`, `postgres`).
     pub fn kind(&self) -> &'static str {
         match self {
             BackendSpec::Memory { .. } => "memory",
@@ -256,6 +279,8 @@ impl BackendSpec {
             BackendSpec::Etcd { .. } => "etcd",
             #[cfg(feature = "zk")]
             BackendSpec::Zk { .. } => "zk",
+            #[cfg(feature = "postgres")]
+            BackendSpec::Postgres { .. } => "postgres",
         }
     }
 
@@ -281,6 +306,10 @@ impl BackendSpec {
                 distlock_zk::Layout::Curator => distlock_zk::CAPABILITIES,
                 distlock_zk::Layout::Kazoo => distlock_zk::KAZOO_CAPABILITIES,
             },
+            // The best grade; a server that cannot keep it is refused at connect for a
+            // correctness profile ([`BackendSpec::connect_graded`]).
+            #[cfg(feature = "postgres")]
+            BackendSpec::Postgres { .. } => distlock_postgres::CAPABILITIES,
         }
     }
 
@@ -289,6 +318,20 @@ impl BackendSpec {
     /// # Errors
     /// The backend's own error when it cannot be reached or refuses the options.
     pub async fn connect(&self) -> distlock_api::Result<Arc<dyn LockBackend>> {
+        self.connect_graded(Guarantee::Efficiency).await
+    }
+
+    /// [`BackendSpec::connect`] for call sites that need `wanted`: a backend whose grade depends
+    /// on the server (PostgreSQL's durability settings) is refused, with the reason, when that
+    /// server cannot give it.
+    ///
+    /// # Errors
+    /// As [`BackendSpec::connect`], and `Unsupported` naming the check the server failed.
+    pub async fn connect_graded(
+        &self,
+        wanted: Guarantee,
+    ) -> distlock_api::Result<Arc<dyn LockBackend>> {
+        let _ = wanted; // read only by the backends whose grade is the server's
         Ok(match self {
             BackendSpec::Memory { store } => Arc::new(memory_store(store).client()),
             #[cfg(feature = "redis")]
@@ -306,6 +349,14 @@ impl BackendSpec {
             #[cfg(feature = "zk")]
             BackendSpec::Zk { connect, options } => {
                 Arc::new(distlock_zk::ZkBackend::connect(connect, options.clone()).await?)
+            }
+            #[cfg(feature = "postgres")]
+            BackendSpec::Postgres { options } => {
+                let backend = distlock_postgres::PostgresBackend::connect(options.clone()).await?;
+                if let (Guarantee::Correctness, Some(why)) = (wanted, backend.downgrade_reason()) {
+                    return Err(LockError::unsupported_guarantee("postgres", wanted, why));
+                }
+                Arc::new(backend)
             }
         })
     }

@@ -50,6 +50,7 @@ fn every_url_option_of_every_backend_is_in_the_guide_and_no_other() {
         set(distlock::redis::url::REDLOCK_OPTIONS),
         set(distlock::etcd::url::OPTIONS),
         set(distlock::zk::url::OPTIONS),
+        set(distlock::postgres::url::OPTIONS),
     ];
     assert_eq!(
         documented.len(),
