@@ -126,3 +126,26 @@ pub async fn zk_at(connect: &str, root: &str, name: &LockName) -> usize {
         .expect("admin client");
     zk(&admin, root, name).await
 }
+
+/// The live entries of `name` in the PostgreSQL layout under `schema`: holders and waiters.
+/// An expired entry is not counted: it binds nobody (every call on the name deletes it first,
+/// as an expired Redis key reads as absent before the server evicts it), and a client's sweep
+/// deletes it within minutes. The token sequence is not counted: it outlives every lease by
+/// design.
+///
+/// # Panics
+/// When the server does not answer (a test's failure).
+pub async fn postgres(admin: &tokio_postgres::Client, schema: &str, name: &LockName) -> usize {
+    let n: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {schema}.entry \
+                 WHERE name = $1 AND expires_at > clock_timestamp()"
+            ),
+            &[&name.as_str()],
+        )
+        .await
+        .expect("count entries")
+        .get(0);
+    n as usize
+}

@@ -13,3 +13,4 @@ conformance_tests!(etcd3, deployments::etcd::CLUSTER_FACTORY);
 conformance_tests!(zk, deployments::zk::FACTORY);
 conformance_tests!(zk_kazoo, deployments::zk::KAZOO_FACTORY);
 conformance_tests!(zk3, deployments::zk::ENSEMBLE_FACTORY);
+conformance_tests!(postgres, deployments::postgres::FACTORY);

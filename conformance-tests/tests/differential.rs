@@ -571,3 +571,11 @@ fn zk3_agrees_with_the_model() {
         "deployments::zk::ENSEMBLE_FACTORY",
     );
 }
+
+#[test]
+fn postgres_agrees_with_the_model() {
+    agree_with_the_model(
+        deployments::postgres::FACTORY,
+        "deployments::postgres::FACTORY",
+    );
+}

@@ -2,6 +2,7 @@
 
 pub mod etcd;
 pub mod memory;
+pub mod postgres;
 pub mod redis;
 pub mod redis_cluster;
 pub mod redlock;
@@ -22,5 +23,6 @@ pub fn all() -> Vec<Factory> {
         zk::FACTORY,
         zk::KAZOO_FACTORY,
         zk::ENSEMBLE_FACTORY,
+        postgres::FACTORY,
     ]
 }

@@ -4,7 +4,7 @@
 //! without unwinding takes its servers with it.
 //!
 //! Single servers and multi-node deployments: [`RedisServer`] / [`RedisMasters`],
-//! [`EtcdCluster`] (1 or 3 members), [`ZkEnsemble`] (standalone or 3 nodes). Fault hooks:
+//! [`EtcdCluster`] (1 or 3 members), [`ZkEnsemble`] (standalone or 3 nodes), [`PostgresServer`]. Fault hooks:
 //! [`ServerProcess::kill`], [`ServerProcess::restart`], [`ServerProcess::pause`] /
 //! [`ServerProcess::resume`], the TCP [`Proxy`] between a client and a server, and a server
 //! wall clock moved forward ([`ClockOffset`]). A [`LatencyLink`] puts a fixed network delay
@@ -16,6 +16,7 @@ mod etcd;
 mod holder;
 mod latency;
 mod peer;
+mod postgres;
 mod process;
 mod proxy;
 mod redis;
@@ -33,6 +34,7 @@ pub use etcd::{EtcdCluster, metric_sum};
 pub use holder::{HolderProcess, holder_binary};
 pub use latency::LatencyLink;
 pub use peer::{PeerHolder, shared_election};
+pub use postgres::PostgresServer;
 pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer};

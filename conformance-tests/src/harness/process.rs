@@ -55,6 +55,8 @@ pub struct ServerProcess {
     env: Vec<(OsString, OsString)>,
     log: PathBuf,
     ready: Box<dyn Fn() -> bool + Send + Sync>,
+    /// `(uid, gid)` to run as (PostgreSQL refuses to run as root).
+    run_as: Option<(u32, u32)>,
     child: Mutex<Option<Child>>,
 }
 
@@ -81,6 +83,18 @@ impl ServerProcess {
         Self::start_with_env(label, program, args, Vec::new(), log, ready)
     }
 
+    /// [`ServerProcess::start`] as user `uid` and group `gid` when given (restarts too).
+    pub(crate) fn start_as(
+        label: String,
+        program: PathBuf,
+        args: Vec<OsString>,
+        log: PathBuf,
+        ready: Box<dyn Fn() -> bool + Send + Sync>,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<Self, HarnessError> {
+        Self::launch_new(label, program, args, Vec::new(), log, ready, run_as)
+    }
+
     /// [`ServerProcess::start`] with `env` added to the environment (restarts keep it).
     pub(crate) fn start_with_env(
         label: String,
@@ -90,6 +104,18 @@ impl ServerProcess {
         log: PathBuf,
         ready: Box<dyn Fn() -> bool + Send + Sync>,
     ) -> Result<Self, HarnessError> {
+        Self::launch_new(label, program, args, env, log, ready, None)
+    }
+
+    fn launch_new(
+        label: String,
+        program: PathBuf,
+        args: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
+        log: PathBuf,
+        ready: Box<dyn Fn() -> bool + Send + Sync>,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<Self, HarnessError> {
         let p = ServerProcess {
             label,
             program,
@@ -97,6 +123,7 @@ impl ServerProcess {
             env,
             log,
             ready,
+            run_as,
             child: Mutex::new(None),
         };
         p.launch()?;
@@ -126,6 +153,9 @@ impl ServerProcess {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
         let child = spawn(cmd).map_err(io)?;
         *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
         Ok(())

@@ -1,0 +1,135 @@
+//! PostgreSQL 15 (Debian's `postgresql`): one server, `initdb` into a temp dir and run as the
+//! `postgres` user when the tests run as root (the server refuses root), with stock settings
+//! apart from the port, the loopback address, the socket directory and what a caller passes.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use super::{HarnessError, ServerProcess, TempDir, free_port, require, retry_port_clash};
+
+const BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// One PostgreSQL server on a free loopback port; superuser `postgres`, trusted on loopback.
+#[derive(Debug)]
+pub struct PostgresServer {
+    port: u16,
+    process: ServerProcess,
+    _dir: TempDir,
+}
+
+impl PostgresServer {
+    /// Starts it with stock settings and waits until it accepts connections.
+    pub fn start() -> Result<Self, HarnessError> {
+        Self::start_with(&[])
+    }
+
+    /// Starts it with `settings` (`-c name=value`), for a scenario that varies one.
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(settings))
+    }
+
+    fn start_once(settings: &[(&str, &str)]) -> Result<Self, HarnessError> {
+        let postgres = format!("{BIN}/postgres");
+        require(&postgres, "postgresql")?;
+        let io = |source| HarnessError::Io {
+            server: "postgres".into(),
+            source,
+        };
+        let dir = TempDir::new("postgres").map_err(io)?;
+        let run_as = server_user();
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(io)?;
+        }
+        let data = dir.path().join("data");
+        initdb(&data, run_as).map_err(io)?;
+        let port = free_port();
+        let mut args: Vec<OsString> = vec![
+            "-D".into(),
+            data.into(),
+            "-p".into(),
+            port.to_string().into(),
+            "-k".into(),
+            dir.path().into(),
+            "-c".into(),
+            "listen_addresses=127.0.0.1".into(),
+        ];
+        for (name, value) in settings {
+            args.push("-c".into());
+            args.push(format!("{name}={value}").into());
+        }
+        let process = ServerProcess::start_as(
+            format!("postgres :{port}"),
+            postgres.into(),
+            args,
+            dir.path().join("postgres.log"),
+            Box::new(move || ready(port)),
+            run_as,
+        )?;
+        Ok(PostgresServer {
+            port,
+            process,
+            _dir: dir,
+        })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The server process, for fault tests (its backends die with it).
+    pub fn process(&self) -> &ServerProcess {
+        &self.process
+    }
+}
+
+/// `(uid, gid)` of the `postgres` user when we run as root (the package creates it), else
+/// `None`: we run it as ourselves.
+fn server_user() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions; getpwnam reads a static record we copy at once.
+    unsafe {
+        if libc::geteuid() != 0 {
+            return None;
+        }
+        let pw = libc::getpwnam(c"postgres".as_ptr());
+        (!pw.is_null()).then(|| ((*pw).pw_uid, (*pw).pw_gid))
+    }
+}
+
+fn initdb(data: &Path, run_as: Option<(u32, u32)>) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(format!("{BIN}/initdb"));
+    cmd.arg("-D")
+        .arg(data)
+        // --no-sync: only initdb's own files skip fsync; the server runs with stock settings.
+        .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
+        .stdin(Stdio::null());
+    if let Some((uid, gid)) = run_as {
+        cmd.uid(uid).gid(gid);
+    }
+    let out = cmd.output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(std::io::Error::other(format!(
+        "initdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    )))
+}
+
+/// Whether the server accepts connections (`pg_isready`).
+fn ready(port: u16) -> bool {
+    Command::new(format!("{BIN}/pg_isready"))
+        .args(["-q", "-h", "127.0.0.1", "-t", "1", "-p", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
