@@ -58,7 +58,7 @@ impl PostgresServer {
             args.push("-c".into());
             args.push(format!("{name}={value}").into());
         }
-        let process = ServerProcess::start_as(
+        let process = ServerProcess::start_forking(
             format!("postgres :{port}"),
             postgres.into(),
             args,

@@ -57,6 +57,10 @@ pub struct ServerProcess {
     ready: Box<dyn Fn() -> bool + Send + Sync>,
     /// `(uid, gid)` to run as (PostgreSQL refuses to run as root).
     run_as: Option<(u32, u32)>,
+    /// The server forks a process per connection (PostgreSQL): it runs in a process group of
+    /// its own, and every signal goes to the whole group (its workers would otherwise serve on
+    /// for a moment after a kill, and a pause would stop only the parent).
+    group: bool,
     child: Mutex<Option<Child>>,
 }
 
@@ -83,8 +87,9 @@ impl ServerProcess {
         Self::start_with_env(label, program, args, Vec::new(), log, ready)
     }
 
-    /// [`ServerProcess::start`] as user `uid` and group `gid` when given (restarts too).
-    pub(crate) fn start_as(
+    /// [`ServerProcess::start`] for a server that forks workers (signalled as a process group),
+    /// as user `uid` and group `gid` when given (restarts too).
+    pub(crate) fn start_forking(
         label: String,
         program: PathBuf,
         args: Vec<OsString>,
@@ -92,7 +97,7 @@ impl ServerProcess {
         ready: Box<dyn Fn() -> bool + Send + Sync>,
         run_as: Option<(u32, u32)>,
     ) -> Result<Self, HarnessError> {
-        Self::launch_new(label, program, args, Vec::new(), log, ready, run_as)
+        Self::launch_new(label, program, args, Vec::new(), log, ready, (run_as, true))
     }
 
     /// [`ServerProcess::start`] with `env` added to the environment (restarts keep it).
@@ -104,7 +109,7 @@ impl ServerProcess {
         log: PathBuf,
         ready: Box<dyn Fn() -> bool + Send + Sync>,
     ) -> Result<Self, HarnessError> {
-        Self::launch_new(label, program, args, env, log, ready, None)
+        Self::launch_new(label, program, args, env, log, ready, (None, false))
     }
 
     fn launch_new(
@@ -114,7 +119,7 @@ impl ServerProcess {
         env: Vec<(OsString, OsString)>,
         log: PathBuf,
         ready: Box<dyn Fn() -> bool + Send + Sync>,
-        run_as: Option<(u32, u32)>,
+        (run_as, group): (Option<(u32, u32)>, bool),
     ) -> Result<Self, HarnessError> {
         let p = ServerProcess {
             label,
@@ -124,6 +129,7 @@ impl ServerProcess {
             log,
             ready,
             run_as,
+            group,
             child: Mutex::new(None),
         };
         p.launch()?;
@@ -155,6 +161,9 @@ impl ServerProcess {
             .stderr(err);
         if let Some((uid, gid)) = self.run_as {
             cmd.uid(uid).gid(gid);
+        }
+        if self.group {
+            cmd.process_group(0);
         }
         let child = spawn(cmd).map_err(io)?;
         *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
@@ -215,18 +224,28 @@ impl ServerProcess {
 
     fn signal(&self, sig: libc::c_int) {
         if let Some(pid) = self.pid() {
-            // SAFETY: kill(2) on our own child's pid; no memory is involved.
-            unsafe {
-                libc::kill(pid as libc::pid_t, sig);
-            }
+            self.signal_pid(pid, sig);
         }
     }
 
-    /// SIGKILL, and reap the process. Idempotent.
+    /// `sig` to `pid`, or to its process group for a forking server.
+    fn signal_pid(&self, pid: u32, sig: libc::c_int) {
+        let target = if self.group {
+            -(pid as libc::pid_t)
+        } else {
+            pid as libc::pid_t
+        };
+        // SAFETY: kill(2) on our own child's pid or process group; no memory is involved.
+        unsafe {
+            libc::kill(target, sig);
+        }
+    }
+
+    /// SIGKILL (a forking server's whole process group), and reap the process. Idempotent.
     pub fn kill(&self) {
         let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(mut c) = child.take() {
-            let _ = c.kill();
+            self.signal_pid(c.id(), libc::SIGKILL);
             let _ = c.wait();
         }
     }
