@@ -324,27 +324,12 @@ async fn open(
     notifier: &Arc<Notifier>,
 ) -> Result<(Live, ServerFacts)> {
     let fail = |retryable: bool, e: String| LockError::backend(server.to_string(), retryable, e);
-    let mut config = tokio_postgres::Config::new();
-    for h in &o.hosts {
-        let (host, port) = h
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
-            .ok_or_else(|| LockError::invalid_config("postgres.hosts", h, "not host:port"))?;
-        config.host(host).port(port);
-    }
+    let mut config = o.client_config()?;
     config
-        .user(&o.credentials.0)
-        .password(&o.credentials.1)
-        .dbname(&o.dbname)
         .application_name("distlock")
-        .connect_timeout(o.connect_timeout)
         // Grants must be durable before they are reported, whatever the server's default
         // (a crash after an asynchronous commit reissued a token in the brief's measurement).
         .options("-c synchronous_commit=on");
-    if o.hosts.len() > 1 {
-        // Of several servers, the primary.
-        config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
-    }
     let (client, connection) = tokio::time::timeout(o.connect_timeout, config.connect(NoTls))
         .await
         .map_err(|_| {

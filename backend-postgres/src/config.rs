@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use distlock_api::{LockError, Result};
+
 /// The longest schema name: the notification channels (`<schema>_c_<32 hex>`) must stay within
 /// PostgreSQL's 63-byte identifiers.
 pub const MAX_SCHEMA_LEN: usize = 28;
@@ -50,6 +52,35 @@ impl std::fmt::Debug for PostgresOptions {
             .field("op_timeout", &self.op_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .finish()
+    }
+}
+
+impl PostgresOptions {
+    /// A tokio-postgres configuration for these servers (the primary among several), database
+    /// and credentials, with the connect timeout: the data connection a guarded transaction
+    /// ([`crate::guard`]) runs on takes the lock's settings from here.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a host that is not `host:port`.
+    pub fn client_config(&self) -> Result<tokio_postgres::Config> {
+        let mut config = tokio_postgres::Config::new();
+        for h in &self.hosts {
+            let (host, port) = h
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                .ok_or_else(|| LockError::invalid_config("postgres.hosts", h, "not host:port"))?;
+            config.host(host).port(port);
+        }
+        config
+            .user(&self.credentials.0)
+            .password(&self.credentials.1)
+            .dbname(&self.dbname)
+            .connect_timeout(self.connect_timeout);
+        if self.hosts.len() > 1 {
+            // Of several servers, the primary.
+            config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+        }
+        Ok(config)
     }
 }
 

@@ -16,7 +16,12 @@
 //! * **Expiry** is on the server's clock (`clock_timestamp()`), counted from after the request
 //!   arrived, so the holder's validity (from its send time) ends first.
 //! * **Renew** is one `UPDATE` for a whole watchdog batch, only of live grants; **release**
-//!   deletes our entry by its secret, never another's.
+//!   ends our entry by its secret, never another's.
+//! * **Guarded transaction** ([`guard`]): data in the same database is written only while the
+//!   lease holds, even by a holder paused past its TTL: the guard locks the lease's entry row
+//!   (`FOR KEY SHARE`) in the caller's transaction, and an entry is only ever ended by a delete,
+//!   which waits for it. A release meanwhile expires the entry at once and deletes it once the
+//!   transaction ends.
 //! * **Election**: the leader writes its value into its own entry (checked by secret and token);
 //!   observers read the head and LISTEN on the name's leader channel.
 //! * **Connection**: one pipelined connection per client for requests and notifications,
@@ -35,6 +40,7 @@ mod client;
 mod config;
 mod election;
 mod grade;
+mod guard;
 mod inspect;
 mod notify;
 mod queue;
@@ -45,3 +51,6 @@ mod wait;
 pub use backend::{CAPABILITIES, EFFICIENCY_CAPABILITIES};
 pub use client::PostgresBackend;
 pub use config::{MAX_SCHEMA_LEN, PostgresOptions};
+pub use guard::{GuardStatement, guard, guard_statement};
+/// The client the guarded transaction takes ([`guard`]): this version, re-exported.
+pub use tokio_postgres;

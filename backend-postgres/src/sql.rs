@@ -13,12 +13,18 @@
 //! writes commit before anyone else is admitted. Rows are never taken over in place: a new
 //! holder is always a new row.
 //!
-//! Calls that change a queue take `pg_advisory_xact_lock(hashtextextended(name, 0))` first: a
-//! sequence value is not a commit order, so without it two entries could commit out of order
-//! and a reader could see the head change back. Transaction-scoped, it goes with the commit.
+//! Calls that change a queue take the name's transaction-scoped advisory lock first
+//! (`lock_name`): a sequence value is not a commit order, so without it two entries could commit
+//! out of order and a reader could see the head change back. It goes with the commit. Its key
+//! is the two-integer form `(CLASS, hashtext(name))`, which never meets an application's
+//! one-`bigint` advisory locks in the same database (names whose hashes collide only wait for
+//! each other).
 
 /// Bumped with any change below: a client that finds another version installs its own.
-pub const VERSION: i64 = 1;
+pub const VERSION: i64 = 2;
+
+/// The first key of every advisory lock the layout takes (`dlck` in ASCII).
+pub const CLASS: i32 = 0x646c_636b;
 
 /// The largest limit, a read-write lock's reader's ([`distlock_api::Admission::Shared`]).
 pub const SHARED_LIMIT: i64 = u32::MAX as i64;
@@ -26,7 +32,8 @@ pub const SHARED_LIMIT: i64 = u32::MAX as i64;
 /// The schema, its table and its functions, created or replaced in one transaction under a
 /// transaction-scoped advisory lock, so clients connecting at once do not race.
 pub const MIGRATE: &str = r#"
-SELECT pg_advisory_xact_lock(7308335137442181632);
+-- (class, 0): the migration's own key, apart from every name's (class, hash).
+SELECT pg_advisory_xact_lock({class}, 0);
 CREATE SCHEMA IF NOT EXISTS {s};
 CREATE SEQUENCE IF NOT EXISTS {s}.token NO CYCLE;
 CREATE TABLE IF NOT EXISTS {s}.entry (
@@ -43,6 +50,10 @@ CREATE TABLE IF NOT EXISTS {s}.entry (
 );
 CREATE INDEX IF NOT EXISTS entry_name ON {s}.entry (name, seq);
 CREATE INDEX IF NOT EXISTS entry_secret ON {s}.entry (secret);
+
+-- The name's queue lock, for the rest of the transaction (see the module docs).
+CREATE OR REPLACE FUNCTION {s}.lock_name(p_name text) RETURNS void
+LANGUAGE sql AS $f$ SELECT pg_advisory_xact_lock({class}, hashtext(p_name)) $f$;
 
 -- The entries of a name admitted by the rule: fewer entries ahead than the smallest limit
 -- among themselves and those ahead (a prefix of the queue).
@@ -124,7 +135,7 @@ CREATE OR REPLACE FUNCTION {s}.acquire(p_name text, p_secret text, p_lim bigint,
 RETURNS bigint[] LANGUAGE plpgsql AS $f$
 DECLARE theirs bigint; v_seq bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 0));
+    PERFORM {s}.lock_name(p_name);
     PERFORM {s}.reap(p_name);
     IF p_permit THEN
         SELECT lim INTO theirs FROM {s}.entry WHERE name = p_name AND lim <> p_lim ORDER BY seq LIMIT 1;
@@ -143,26 +154,48 @@ CREATE OR REPLACE FUNCTION {s}.admit(p_name text, p_secret text, p_ttl_ms bigint
 RETURNS bigint[] LANGUAGE plpgsql AS $f$
 DECLARE v_seq bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 0));
+    PERFORM {s}.lock_name(p_name);
     PERFORM {s}.reap(p_name);
     SELECT seq INTO v_seq FROM {s}.entry WHERE name = p_name AND secret = p_secret AND NOT granted;
     IF NOT FOUND THEN RETURN ARRAY[-3]; END IF;
     RETURN {s}.settle(p_name, v_seq, p_ttl_ms, true, p_waiter_ms);
 END $f$;
 
--- Deletes our entry (a holder's release, a waiter leaving): whether it was a live grant.
--- Tells whom that admits, and the observers when it carried a leader's value.
+-- Ends our entry (a holder's release, a waiter leaving): whether it was a live grant. It is
+-- expired first (a non-key update, which a guarded transaction's FOR KEY SHARE lets through),
+-- then deleted unless a guarded transaction holds it: that one stays, expired, until the
+-- transaction ends and a later call deletes it. Tells whom the delete admits, and the
+-- observers when it carried a leader's value.
 CREATE OR REPLACE FUNCTION {s}.release(p_name text, p_secret text) RETURNS boolean
 LANGUAGE plpgsql AS $f$
-DECLARE held boolean; led boolean;
+DECLARE v_seq bigint; held boolean; led boolean;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 0));
-    DELETE FROM {s}.entry WHERE name = p_name AND secret = p_secret
-    RETURNING granted AND expires_at > clock_timestamp(), value IS NOT NULL INTO held, led;
+    PERFORM {s}.lock_name(p_name);
+    SELECT seq, granted AND expires_at > clock_timestamp(), value IS NOT NULL
+    INTO v_seq, held, led
+    FROM {s}.entry WHERE name = p_name AND secret = p_secret FOR NO KEY UPDATE;
     IF NOT FOUND THEN RETURN false; END IF;
+    UPDATE {s}.entry SET expires_at = least(expires_at, clock_timestamp()) WHERE seq = v_seq;
+    DELETE FROM {s}.entry WHERE seq IN (
+        SELECT e.seq FROM {s}.entry e WHERE e.seq = v_seq FOR UPDATE SKIP LOCKED);
     IF led THEN PERFORM pg_notify({s}.leader_channel(p_name), ''); END IF;
     PERFORM {s}.tell(p_name);
     RETURN held;
+END $f$;
+
+-- Raises SQLSTATE DLK01 unless the lease whose token is p_seq still holds name p_name, and
+-- holds its entry (FOR KEY SHARE) until the calling transaction ends: for triggers and other
+-- drivers (the same check as the guard statement).
+CREATE OR REPLACE FUNCTION {s}.assert_held(p_name text, p_seq bigint) RETURNS void
+LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM 1 FROM {s}.entry
+    WHERE seq = p_seq AND name = p_name AND granted AND expires_at > clock_timestamp()
+    FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'distlock: lock % is not held by token %', p_name, p_seq
+            USING ERRCODE = 'DLK01';
+    END IF;
 END $f$;
 
 -- A leader's value, written into its own live entry (checked by secret and token).
@@ -196,6 +229,15 @@ pub const RELEASE: &str = "SELECT {s}.release($1, $2)";
 
 /// `(name, secret, token, value)` -> whether it was written.
 pub const ANNOUNCE: &str = "SELECT {s}.announce($1, $2, $3, $4)";
+
+/// `(token, name, idle limit)` -> one row while the lease holds, whose entry row it then locks
+/// `FOR KEY SHARE` until the transaction ends: a takeover's delete waits for that, renewals
+/// (non-key updates) do not. Bounds the transaction's idle time (a guarded transaction left
+/// open would hold the queue).
+pub const GUARD: &str = "SELECT set_config('idle_in_transaction_session_timeout', $3, true) \
+     FROM {s}.entry \
+     WHERE seq = $1 AND name = $2 AND granted AND expires_at > clock_timestamp() \
+     FOR KEY SHARE";
 
 /// `(secrets, ttls ms)` -> the secrets renewed: one statement for a whole batch. Only a live
 /// grant is renewed (never an expired or a waiting entry); a non-key column, so a guarded
@@ -236,4 +278,5 @@ pub fn client_channel(schema: &str, client: &str) -> String {
 pub fn in_schema(sql: &str, schema: &str) -> String {
     sql.replace("{s}", schema)
         .replace("{version}", &VERSION.to_string())
+        .replace("{class}", &CLASS.to_string())
 }
