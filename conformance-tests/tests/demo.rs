@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use distlock_conformance::harness::{EtcdCluster, RedisServer, ZkEnsemble};
+use distlock_conformance::harness::{EtcdCluster, PostgresServer, RedisServer, ZkEnsemble};
 
 /// Runs the demo on `url` and returns its table rows (label, sold, rejected, verdict).
 fn run_demo(url: &str) -> Vec<(String, u64, u64, String)> {
@@ -35,19 +35,28 @@ fn run_demo(url: &str) -> Vec<(String, u64, u64, String)> {
 fn check(url: &str) {
     let rows = run_demo(url);
     let labels: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-    assert_eq!(
-        labels,
-        [
-            "no lock",
-            "distributed lock",
-            "lock, holder paused past TTL, unfenced write",
-            "lock, holder paused past TTL, fenced write",
-        ],
-        "{url}"
-    );
+    let mut expected = vec![
+        "no lock",
+        "distributed lock",
+        "lock, holder paused past TTL, unfenced write",
+        "lock, holder paused past TTL, fenced write",
+    ];
+    // PostgreSQL adds the stock in the same database, written through the guard.
+    let guarded = url.starts_with("postgres");
+    if guarded {
+        expected.push("lock, holder paused past TTL, guarded transaction");
+    }
+    assert_eq!(labels, expected, "{url}");
     assert!(rows[0].3.starts_with("OVERSOLD"), "{url}: {rows:?}");
     assert_eq!(rows[1].3, "exact", "{url}: {rows:?}");
     assert_eq!(rows[3].3, "exact", "{url}: {rows:?}");
+    if guarded {
+        assert_eq!(rows[4].3, "exact", "{url}: {rows:?}");
+        assert_eq!(
+            rows[4].2, 1,
+            "the paused pod's write refused by the guard: {rows:?}"
+        );
+    }
 }
 
 /// Every server with its stock settings and every URL with the backend's default options (etcd's
@@ -61,6 +70,8 @@ fn the_demo_tells_the_same_story_on_every_backend() {
     check(&format!("etcd://{}/demo", etcd.endpoints().join(",")));
     let zk = ZkEnsemble::start(1).expect("zookeeper");
     check(&format!("zk://{}/demo", zk.connect_string()));
+    let postgres = PostgresServer::start().expect("postgres");
+    check(&format!("{}?schema=demo", postgres.url()));
 }
 
 /// A configuration that cannot be used is reported before the table starts, with a distinct

@@ -4,7 +4,10 @@
 //! 2. a distributed lock around the read-modify-write: exactly 100 sold;
 //! 3. the lock, but pod 0 is paused (think GC) inside the critical section for longer than its
 //!    lease: the lock can pass to another pod, and pod 0 wakes up and writes a stale stock value;
-//! 4. the same pause, with the write checked against the lease's fencing token: refused.
+//! 4. the same pause, with the write checked against the lease's fencing token: refused;
+//! 5. on PostgreSQL (`--backend postgres://...`, built with the `postgres` feature), the stock
+//!    in a table of the same database and every write in a guarded transaction: the paused
+//!    pod's write is refused by the guard itself, with no token kept anywhere.
 //!
 //! Runs on the embedded in-memory backend; no server needed. On a real server:
 //!
@@ -133,6 +136,111 @@ async fn run(
     Ok((total, left))
 }
 
+/// Row 5: the stock in a table next to the lock's, each write in a guarded transaction
+/// ([`distlock::postgres::guard`]).
+#[cfg(feature = "postgres")]
+mod guarded {
+    use distlock::postgres::tokio_postgres::{Client, NoTls};
+    use distlock::postgres::{PostgresOptions, guard};
+
+    use super::*;
+
+    /// The PostgreSQL options of `url`, when it is one.
+    pub fn options(url: &str) -> Option<PostgresOptions> {
+        match distlock::BackendSpec::parse("url", url, &Default::default()).ok()? {
+            distlock::BackendSpec::Postgres { options } => Some(options),
+            _ => None,
+        }
+    }
+
+    async fn data(o: &PostgresOptions) -> Client {
+        let config = o.client_config().expect("the URL's hosts");
+        let (client, connection) = config.connect(NoTls).await.expect("data connection");
+        tokio::spawn(connection);
+        client
+    }
+
+    pub async fn run(
+        config: &Config,
+        o: &PostgresOptions,
+        stock: u64,
+        name: &str,
+    ) -> Result<(Outcome, u64), distlock::ConfigError> {
+        let admin = data(o).await;
+        admin
+            .batch_execute("CREATE TABLE IF NOT EXISTS oversell_stock (sku text PRIMARY KEY, units bigint NOT NULL)")
+            .await
+            .expect("stock table");
+        admin
+            .execute(
+                "INSERT INTO oversell_stock VALUES ($1, $2) ON CONFLICT (sku) DO UPDATE SET units = $2",
+                &[&name, &(stock as i64)],
+            )
+            .await
+            .expect("stock");
+        let mut pods = Vec::new();
+        for pod in 0..PODS {
+            let (name, locks, mut db) = (
+                name.to_string(),
+                Locks::from_config(config).await?,
+                data(o).await,
+            );
+            pods.push(tokio::spawn(async move {
+                let mut out = Outcome::default();
+                for round in 0.. {
+                    let lease = locks
+                        .efficiency(&name)
+                        .ttl(TTL)
+                        .fixed()
+                        .wait(Duration::from_secs(30))
+                        .await
+                        .expect("acquire");
+                    let seen: i64 = db
+                        .query_one("SELECT units FROM oversell_stock WHERE sku = $1", &[&name])
+                        .await
+                        .expect("read")
+                        .get(0);
+                    if seen == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if pod == 0 && round == 0 {
+                        tokio::time::sleep(lease.remaining() + OVERSLEEP).await;
+                    }
+                    let txn = db.transaction().await.expect("begin");
+                    if guard(&txn, &lease).await.expect("guard") {
+                        txn.execute(
+                            "UPDATE oversell_stock SET units = $1 WHERE sku = $2",
+                            &[&(seen - 1), &name],
+                        )
+                        .await
+                        .expect("write");
+                        txn.commit().await.expect("commit");
+                        out.sold += 1;
+                    } else {
+                        // Dropped: rolled back.
+                        out.rejected += 1;
+                    }
+                    let _ = lease.release().await;
+                }
+                out
+            }));
+        }
+        let mut total = Outcome::default();
+        for p in pods {
+            let o = p.await.expect("pod");
+            total.sold += o.sold;
+            total.rejected += o.rejected;
+        }
+        let left: i64 = admin
+            .query_one("SELECT units FROM oversell_stock WHERE sku = $1", &[&name])
+            .await
+            .expect("read")
+            .get(0);
+        Ok((total, left as u64))
+    }
+}
+
 /// Where the locks come from: a URL, a config file (+ environment), or a fresh in-memory store.
 enum Source {
     Url(String),
@@ -196,6 +304,21 @@ async fn main() {
     );
     println!("| scenario | sold | final stock | stale writes rejected | verdict |");
     println!("|---|---:|---:|---:|---|");
+    let row = |label: &str, result: Result<(Outcome, u64), distlock::ConfigError>| {
+        let (o, left) = result.unwrap_or_else(|e| {
+            eprintln!("cannot use {shown}: {e}");
+            std::process::exit(2);
+        });
+        let verdict = match o.sold.cmp(&stock) {
+            std::cmp::Ordering::Greater => format!("OVERSOLD by {}", o.sold - stock),
+            std::cmp::Ordering::Equal => "exact".to_string(),
+            std::cmp::Ordering::Less => format!("undersold by {}", stock - o.sold),
+        };
+        println!(
+            "| {label} | {} | {left} | {} | {verdict} |",
+            o.sold, o.rejected
+        );
+    };
     for (mode, label) in [
         (Mode::NoLock, "no lock"),
         (Mode::Locked, "distributed lock"),
@@ -213,18 +336,18 @@ async fn main() {
             Ok(c) => run(&c, mode, stock, &name).await,
             Err(e) => Err(e),
         };
-        let (o, left) = result.unwrap_or_else(|e| {
-            eprintln!("cannot use {shown}: {e}");
-            std::process::exit(2);
-        });
-        let verdict = match o.sold.cmp(&stock) {
-            std::cmp::Ordering::Greater => format!("OVERSOLD by {}", o.sold - stock),
-            std::cmp::Ordering::Equal => "exact".to_string(),
-            std::cmp::Ordering::Less => format!("undersold by {}", stock - o.sold),
+        row(label, result);
+    }
+    #[cfg(feature = "postgres")]
+    if let Source::Url(url) = &source
+        && let Some(options) = guarded::options(url)
+    {
+        let label = "lock, holder paused past TTL, guarded transaction";
+        let name = format!("stock:sku-42:{label}");
+        let result = match config_for(&source, label) {
+            Ok(c) => guarded::run(&c, &options, stock, &name).await,
+            Err(e) => Err(e),
         };
-        println!(
-            "| {label} | {} | {left} | {} | {verdict} |",
-            o.sold, o.rejected
-        );
+        row(label, result);
     }
 }
