@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use distlock::LockName;
 use distlock_conformance::harness::{
-    ClockOffset, EtcdCluster, HarnessError, RedisCluster, RedisMasters, RedisReplicated,
-    RedisSentinel, RedisServer, ServerProcess, ZkEnsemble,
+    ClockOffset, EtcdCluster, HarnessError, PostgresServer, RedisCluster, RedisMasters,
+    RedisReplicated, RedisSentinel, RedisServer, ServerProcess, ZkEnsemble,
 };
 use distlock_conformance::leftovers;
 use rand::Rng;
@@ -47,10 +47,12 @@ pub enum Deployment {
     /// its own ACL user, by which it is cut (a proxy cannot stand in front of a cluster client,
     /// which learns the nodes' addresses from the cluster).
     RedisCluster,
+    /// One PostgreSQL server, stock settings (fsync on: the correctness grade).
+    Postgres,
 }
 
 /// Every deployment.
-pub const DEPLOYMENTS: [Deployment; 10] = [
+pub const DEPLOYMENTS: [Deployment; 11] = [
     Deployment::Redis,
     Deployment::RedisAof,
     Deployment::RedisPlain,
@@ -61,6 +63,7 @@ pub const DEPLOYMENTS: [Deployment; 10] = [
     Deployment::Etcd3,
     Deployment::Zk,
     Deployment::Zk3,
+    Deployment::Postgres,
 ];
 
 impl Deployment {
@@ -77,6 +80,7 @@ impl Deployment {
             Deployment::Zk3 => "zk3",
             Deployment::RedisSentinel => "redis-sentinel",
             Deployment::RedisCluster => "redis-cluster",
+            Deployment::Postgres => "postgres",
         }
     }
 
@@ -179,6 +183,12 @@ impl Deployment {
             Deployment::RedisCluster => {
                 format!("redis+cluster://{all}?prefix={PREFIX}&op_timeout=1s")
             }
+            Deployment::Postgres => {
+                format!(
+                    "postgres://postgres@{}/postgres?schema={PREFIX}&op_timeout=1s",
+                    hosts[0]
+                )
+            }
         }
     }
 }
@@ -235,6 +245,11 @@ impl ProcessRef for Held<(RedisReplicated, RedisSentinel)> {
 impl ProcessRef for Held<RedisCluster> {
     fn process(&self) -> &ServerProcess {
         self.0.nodes[self.1].process()
+    }
+}
+impl ProcessRef for Held<PostgresServer> {
+    fn process(&self) -> &ServerProcess {
+        self.0.process()
     }
 }
 impl ProcessRef for Held<ZkEnsemble> {
@@ -307,6 +322,12 @@ impl Leftovers for ZkEnsemble {
         Box::pin(async move {
             leftovers::zk_at(&self.connect_string(), &format!("/{PREFIX}"), &name).await
         })
+    }
+}
+
+impl Leftovers for PostgresServer {
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move { leftovers::postgres_at(&self.url(), PREFIX, &name).await })
     }
 }
 
@@ -452,6 +473,21 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 leader: Box::new(|| None),
                 isolate: Box::new(move |i, on| cut.isolate(i, on)),
                 cluster: Some(s.clone()),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::Postgres, _) => {
+            let s = Arc::new(PostgresServer::start().unwrap_or_else(|e| fail(e)));
+            let (p, c) = (s.port(), s.clone());
+            Servers {
+                kind,
+                ports: vec![p],
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, 1)),
+                leader: Box::new(|| None),
+                isolate: Box::new(|_, _| {}),
+                cluster: None,
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }

@@ -125,8 +125,9 @@ fn main() {
 
 /// The short campaign: every deployment under the fault whose hazard the lock must show or
 /// survive, the consensus clusters under a server kill (etcd) and a member cut from its peers
-/// (ZooKeeper, the classic follower split); then each primitive on each backend
-/// family (Redis, etcd, ZooKeeper) under a fault that reaches its holders or its waiters.
+/// (ZooKeeper, the classic follower split), PostgreSQL under a server kill; then each primitive
+/// on each backend family (Redis, etcd, ZooKeeper; PostgreSQL's read-write lock, whose queue
+/// admits readers in batches) under a fault that reaches its holders or its waiters.
 fn short_plan() -> Vec<Run> {
     use Deployment::*;
     use Nemesis::*;
@@ -140,6 +141,7 @@ fn short_plan() -> Vec<Run> {
         (Etcd3, KillServer),
         (Zk, DelayClient),
         (Zk3, PartitionMember),
+        (Postgres, KillServer),
     ]
     .map(|(d, n)| (Workload::Lock, d, n));
     let primitives = [
@@ -152,6 +154,7 @@ fn short_plan() -> Vec<Run> {
         (Workload::Election, Redis, CutClient),
         (Workload::Election, Etcd, KillClient),
         (Workload::Election, Zk, ResetClient),
+        (Workload::RwLock, Postgres, CutClient),
     ];
     lock.into_iter()
         .chain(primitives)

@@ -171,7 +171,9 @@ pub fn markdown(runs: &[RunResult], command: &str, schedule: &str) -> String {
          asynchronous, so the last locks and counter steps can be missing there). `redis-aof` \
          is one Redis server with an append-only file synced at every write; `redis-sentinel` a \
          master and a replica behind one Sentinel; `redis-cluster` three masters without replicas, \
-         each client its own ACL user, cut by switching it off (no proxy: no `delay-client`). \
+         each client its own ACL user, cut by switching it off (no proxy: no `delay-client`); \
+         `postgres` one PostgreSQL server with stock settings (fsync on: a killed server keeps \
+         every committed grant and its sequence, so it must show nothing). \
          `delay-client` delays one client's traffic by \
          half a TTL each way for 1.5 TTLs; `reset-client` closes its connections at once. \
          Anything else fails the campaign.\n",

@@ -136,6 +136,17 @@ pub async fn zk_at(connect: &str, root: &str, name: &LockName) -> usize {
 /// # Panics
 /// When the server does not answer (a test's failure).
 pub async fn postgres(admin: &tokio_postgres::Client, schema: &str, name: &LockName) -> usize {
+    let installed: bool = admin
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("{schema}.entry")],
+        )
+        .await
+        .expect("look up the table")
+        .get(0);
+    if !installed {
+        return 0;
+    }
     let n: i64 = admin
         .query_one(
             &format!(
@@ -148,4 +159,17 @@ pub async fn postgres(admin: &tokio_postgres::Client, schema: &str, name: &LockN
         .expect("count entries")
         .get(0);
     n as usize
+}
+
+/// [`postgres`] through a connection of its own to `url`. The table does not exist before
+/// the first client connects: then nothing is left.
+///
+/// # Panics
+/// When the server does not answer.
+pub async fn postgres_at(url: &str, schema: &str, name: &LockName) -> usize {
+    let (admin, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    postgres(&admin, schema, name).await
 }
