@@ -6,7 +6,8 @@
 //! the checked-in report is `docs/bench.md`, made with `--out docs`). Figures are medians of
 //! several rounds; the ratios are what to track, since machines are noisy. `--smoke` runs a few
 //! hundred iterations in all, to prove the bench still works (CI runs it). `--only etcd,zk`
-//! measures just those backends (the first word of a label: memory, redis, redlock, etcd, zk).
+//! measures just those backends (the first word of a label: memory, redis, redlock, etcd, zk,
+//! postgres). On PostgreSQL the raw minimum is a session advisory lock pair.
 //!
 //! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, the peers),
 //! hand-over with 8 and 64 clients on one name, election, semaphore and read-write mix, 1 000
@@ -28,7 +29,7 @@ use std::time::Duration;
 
 use distlock::LockBackend;
 use distlock_conformance::harness::{
-    EtcdCluster, LatencyLink, RedisMasters, RedisServer, ZkEnsemble,
+    EtcdCluster, LatencyLink, PostgresServer, RedisMasters, RedisServer, ZkEnsemble,
 };
 
 use crate::handover::{Waiter, handover};
@@ -36,7 +37,7 @@ use crate::report::{Election, Handover, Network, Primitives, Report, Scale, Unco
 use crate::rtt::Ping;
 use crate::scale::Counter;
 use crate::stats::{Stats, median};
-use crate::uncontended::{Pair, Peer, interleaved};
+use crate::uncontended::{Pair, Peer, interleaved, postgres_client};
 
 /// How much of everything to run.
 #[derive(Clone, Copy)]
@@ -144,6 +145,7 @@ struct Ports {
     masters: Vec<u16>,
     etcd: u16,
     zk: u16,
+    postgres: u16,
 }
 
 /// Every backend under test, its baselines and peer, on these ports; `counters` count server
@@ -166,6 +168,7 @@ async fn backends(p: &Ports, counters: [Counter; 3]) -> Vec<Target> {
     );
     let etcd = vec![format!("127.0.0.1:{}", p.etcd)];
     let zk = format!("127.0.0.1:{}", p.zk);
+    let postgres = format!("postgres://postgres@127.0.0.1:{}/postgres", p.postgres);
     vec![
         Target {
             label: "memory",
@@ -243,6 +246,19 @@ async fn backends(p: &Ports, counters: [Counter; 3]) -> Vec<Target> {
                     .expect("connect"),
             )),
             counter: zk_counter,
+            lock_only: false,
+        },
+        Target {
+            // Raw: a session advisory lock pair (no write, no TTL, no token); same work: our
+            // functions called by hand.
+            label: "postgres",
+            url: format!("{postgres}?schema=bench"),
+            slow: 2,
+            raw: Some(Pair::raw_postgres(&postgres).await),
+            same: Some(Pair::same_postgres(&postgres).await),
+            peer: None,
+            ping: Some(Ping::Postgres(postgres_client(&postgres).await)),
+            counter: Counter::None,
             lock_only: false,
         },
     ]
@@ -375,11 +391,13 @@ async fn main() {
     let masters = start(|| RedisMasters::start(3).expect("redis masters")).await;
     let etcd = start(|| EtcdCluster::start(1).expect("etcd")).await;
     let zk = start(|| ZkEnsemble::start(1).expect("zookeeper")).await;
+    let postgres = start(|| PostgresServer::start().expect("postgres")).await;
     let direct = Ports {
         redis: redis.port(),
         masters: masters.nodes.iter().map(RedisServer::port).collect(),
         etcd: etcd.client_ports[0],
         zk: zk.client_ports[0],
+        postgres: postgres.port(),
     };
     let counters = [
         Counter::Redis(redis.admin().await.expect("admin")),
@@ -392,9 +410,10 @@ async fn main() {
     let mut report = Report {
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         servers: format!(
-            "{}; etcd {}; ZooKeeper 3.8 (Debian)",
+            "{}; etcd {}; ZooKeeper 3.8 (Debian); {} (stock settings: fsync on)",
             version("redis-server", "--version"),
-            version("etcd", "--version").trim_start_matches("etcd Version: ")
+            version("etcd", "--version").trim_start_matches("etcd Version: "),
+            version("/usr/lib/postgresql/15/bin/postgres", "--version")
         ),
         networks: Vec::new(),
         elections: Vec::new(),
@@ -501,7 +520,7 @@ async fn main() {
         let link = |port: u16| {
             LatencyLink::start(([127, 0, 0, 1], port).into(), one_way).expect("latency link")
         };
-        let links: Vec<LatencyLink> = [direct.redis, direct.etcd, direct.zk]
+        let links: Vec<LatencyLink> = [direct.redis, direct.etcd, direct.zk, direct.postgres]
             .into_iter()
             .chain(direct.masters.iter().copied())
             .map(link)
@@ -510,7 +529,8 @@ async fn main() {
             redis: links[0].addr().port(),
             etcd: links[1].addr().port(),
             zk: links[2].addr().port(),
-            masters: links[3..].iter().map(|l| l.addr().port()).collect(),
+            postgres: links[3].addr().port(),
+            masters: links[4..].iter().map(|l| l.addr().port()).collect(),
         };
         let rounds = size.rounds.min(NETWORK_ROUNDS);
         let mut network = Network::new(

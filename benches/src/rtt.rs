@@ -10,6 +10,7 @@ pub enum Ping {
     Redis(Vec<redis::aio::MultiplexedConnection>),
     Etcd(Box<etcd_client::Client>),
     Zk(zookeeper_client::Client),
+    Postgres(tokio_postgres::Client),
 }
 
 impl Ping {
@@ -34,6 +35,9 @@ impl Ping {
             }
             Ping::Zk(c) => {
                 c.check_stat("/").await.expect("exists");
+            }
+            Ping::Postgres(c) => {
+                c.query_typed("SELECT 1", &[]).await.expect("SELECT 1");
             }
         }
     }

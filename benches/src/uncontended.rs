@@ -22,6 +22,9 @@ pub enum Pair {
     RawEtcd(Box<etcd_client::Client>, i64),
     /// Raw ZooKeeper: create ephemeral-sequential, then delete.
     RawZk(zookeeper_client::Client),
+    /// PostgreSQL's session advisory lock: `pg_try_advisory_lock`, then `pg_advisory_unlock`
+    /// (no write, no durability, no TTL: the floor a lease table is compared with).
+    RawPostgres(tokio_postgres::Client),
     /// The rslock crate over these Redis masters (1 = plain Redis).
     Rslock(rslock::LockManager),
     /// etcd's own lock service (`etcd_client::Client::lock`, v3lock) on a lease of its own.
@@ -45,7 +48,13 @@ pub enum SameWork {
     /// ZooKeeper: create with our node name and data, then delete (a repeat acquire on an idle
     /// ensemble reads no queue: see `distlock_zk`'s repeat grant).
     Zk(zookeeper_client::Client),
+    /// PostgreSQL: our `acquire` function, then our `release` function, in the schema of
+    /// [`SAME_SCHEMA`], as unnamed typed statements (as ours sends them).
+    Postgres(tokio_postgres::Client),
 }
+
+/// The schema of [`SameWork::Postgres`] (installed by a client of ours first).
+pub const SAME_SCHEMA: &str = "bench_same";
 
 impl Pair {
     pub fn ours(backend: Arc<dyn LockBackend>) -> Self {
@@ -87,6 +96,19 @@ impl Pair {
         Pair::Same(SameWork::Zk(zk_with_parent(connect).await))
     }
 
+    pub async fn raw_postgres(url: &str) -> Self {
+        Pair::RawPostgres(postgres_client(url).await)
+    }
+
+    /// Our SQL by hand on a raw connection to `url`, whose layout a client of ours installs
+    /// first in [`SAME_SCHEMA`].
+    pub async fn same_postgres(url: &str) -> Self {
+        distlock::connect(&format!("{url}?schema={SAME_SCHEMA}"))
+            .await
+            .expect("install the layout");
+        Pair::Same(SameWork::Postgres(postgres_client(url).await))
+    }
+
     /// The peer library of a backend (see [`Peer`]).
     pub async fn peer(peer: &Peer) -> Self {
         match peer {
@@ -125,6 +147,19 @@ impl Pair {
             }
             Pair::RawEtcd(client, lease) => etcd_pair(client, *lease, name, "x", false).await,
             Pair::RawZk(client) => zk_pair(client, "/bench-raw/n-", "").await,
+            Pair::RawPostgres(client) => {
+                for sql in [
+                    "SELECT pg_try_advisory_lock(hashtext($1))",
+                    "SELECT pg_advisory_unlock(hashtext($1))",
+                ] {
+                    let held: bool = client
+                        .query_typed_one(sql, &[(&name, tokio_postgres::types::Type::TEXT)])
+                        .await
+                        .expect("advisory lock")
+                        .get(0);
+                    assert!(held, "{sql}");
+                }
+            }
             Pair::Same(work) => work.once(name, i).await,
             Pair::Rslock(manager) => {
                 let lock = manager
@@ -269,6 +304,7 @@ impl SameWork {
             SameWork::Zk(client) => {
                 zk_pair(client, &format!("/bench-raw/_c_{secret}-lock-"), &secret).await;
             }
+            SameWork::Postgres(client) => postgres_same(client, name, &secret, &holder).await,
         }
     }
 }
@@ -401,4 +437,49 @@ async fn release_script(
         .invoke_async(c)
         .await
         .expect("release script");
+}
+
+/// A connection to `url`, driven in the background.
+pub(crate) async fn postgres_client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
+/// Our `acquire` (a lock, granted at once on an idle name) and `release`, by hand.
+async fn postgres_same(client: &tokio_postgres::Client, name: &str, secret: &str, holder: &str) {
+    use distlock_postgres::sql::{ACQUIRE, RELEASE, in_schema};
+    use tokio_postgres::types::Type;
+    let (acquire, release) = (
+        in_schema(ACQUIRE, SAME_SCHEMA),
+        in_schema(RELEASE, SAME_SCHEMA),
+    );
+    let (limit, ttl_ms, waiter_ms) = (1i64, 10_000i64, 3_000i64);
+    let granted: Vec<i64> = client
+        .query_typed_one(
+            &acquire,
+            &[
+                (&name, Type::TEXT),
+                (&secret, Type::TEXT),
+                (&limit, Type::INT8),
+                (&false, Type::BOOL),
+                (&ttl_ms, Type::INT8),
+                (&false, Type::BOOL),
+                (&waiter_ms, Type::INT8),
+                (&"bench_same_c", Type::TEXT),
+                (&holder, Type::TEXT),
+            ],
+        )
+        .await
+        .expect("acquire")
+        .get(0);
+    assert_eq!(granted.first(), Some(&1), "not granted: {granted:?}");
+    let released: bool = client
+        .query_typed_one(&release, &[(&name, Type::TEXT), (&secret, Type::TEXT)])
+        .await
+        .expect("release")
+        .get(0);
+    assert!(released, "not released");
 }
