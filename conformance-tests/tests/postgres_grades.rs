@@ -1,5 +1,6 @@
 //! The PostgreSQL backend's grade is the server's: correctness on a server that keeps grants
-//! durably, refused (naming the failed check) on one that does not, and a standby refused.
+//! durably, refused (naming the failed check) on one that does not (no fsync, an asynchronous
+//! standby), and a standby refused.
 
 use std::time::Duration;
 
@@ -81,4 +82,88 @@ async fn correctness_is_refused_on_a_server_without_fsync_naming_it() {
     // Nobody asked for correctness: the one backend serves efficiency alone.
     let locks = load(&server, false).await.expect("an efficiency profile");
     assert_eq!(locks.profiles(), ("main", None));
+}
+
+fn host(server: &PostgresServer) -> String {
+    format!("127.0.0.1:{}", server.port())
+}
+
+/// Polls `query` (one boolean) on a fresh connection to `server` until it answers true.
+async fn until(server: &PostgresServer, query: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (admin, connection) = distlock_postgres::tokio_postgres::connect(
+            &server.url(),
+            distlock_postgres::tokio_postgres::NoTls,
+        )
+        .await
+        .expect("admin connection");
+        tokio::spawn(connection);
+        let done: bool = admin.query_one(query, &[]).await.expect(query).get(0);
+        if done {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "never: {query}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A standby cannot write a grant: refused outright. Its primary, with that standby streaming
+/// asynchronously, is graded efficiency (a failover could lose grants), naming why; once the
+/// primary waits for it (`synchronous_standby_names`, the setting this scenario varies), it
+/// gives correctness again, and several hosts find the primary among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_is_refused_and_an_asynchronous_one_downgrades_its_primary() {
+    let (primary, standby) = tokio::task::spawn_blocking(|| {
+        let primary = start(&[]);
+        let standby = PostgresServer::start_standby(&primary).unwrap_or_else(|e| panic!("{e}"));
+        (primary, standby)
+    })
+    .await
+    .expect("start");
+    let refused = PostgresBackend::connect(options(vec![host(&standby)]))
+        .await
+        .map(drop)
+        .expect_err("a standby");
+    assert!(refused.to_string().contains("standby"), "{refused}");
+    assert!(!refused.is_retryable(), "{refused}");
+
+    until(&primary, "SELECT count(*) = 1 FROM pg_stat_replication").await;
+    let backend = PostgresBackend::connect(options(vec![host(&primary)]))
+        .await
+        .expect("connect");
+    let why = backend.downgrade_reason().expect("downgraded").to_string();
+    assert!(why.contains("asynchronously"), "{why}");
+
+    let (admin, connection) = distlock_postgres::tokio_postgres::connect(
+        &primary.url(),
+        distlock_postgres::tokio_postgres::NoTls,
+    )
+    .await
+    .expect("admin connection");
+    tokio::spawn(connection);
+    // One statement each: ALTER SYSTEM refuses to run in a transaction block.
+    for statement in [
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(statement).await.expect(statement);
+    }
+    until(
+        &primary,
+        "SELECT current_setting('synchronous_standby_names') = '*'",
+    )
+    .await;
+    let backend = PostgresBackend::connect(options(vec![host(&standby), host(&primary)]))
+        .await
+        .expect("the primary among several hosts");
+    assert_eq!(backend.downgrade_reason(), None);
+    let lease = distlock::LockClient::new(std::sync::Arc::new(backend))
+        .try_acquire(
+            "grades",
+            &distlock::AcquireOptions::default().guarantee(Guarantee::Correctness),
+        )
+        .await
+        .expect("a grant the synchronous standby acknowledges");
+    assert!(lease.release().await.expect("release"));
 }

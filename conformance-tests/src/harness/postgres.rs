@@ -30,6 +30,17 @@ impl PostgresServer {
     }
 
     fn start_once(settings: &[(&str, &str)]) -> Result<Self, HarnessError> {
+        Self::start_from(settings, None)
+    }
+
+    /// A streaming standby of `primary` (`pg_basebackup -R`, asynchronous: stock settings on
+    /// both), started and ready.
+    pub fn start_standby(primary: &PostgresServer) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_from(&[], Some(primary.port)))
+    }
+
+    /// A new server: `initdb`, or a base backup of the primary on `of` that follows it.
+    fn start_from(settings: &[(&str, &str)], of: Option<u16>) -> Result<Self, HarnessError> {
         let postgres = format!("{BIN}/postgres");
         require(&postgres, "postgresql")?;
         let io = |source| HarnessError::Io {
@@ -42,7 +53,11 @@ impl PostgresServer {
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(io)?;
         }
         let data = dir.path().join("data");
-        initdb(&data, run_as).map_err(io)?;
+        match of {
+            None => initdb(&data, run_as),
+            Some(port) => base_backup(&data, port, run_as),
+        }
+        .map_err(io)?;
         let port = free_port();
         let mut args: Vec<OsString> = vec![
             "-D".into(),
@@ -103,13 +118,45 @@ fn server_user() -> Option<(u32, u32)> {
 }
 
 fn initdb(data: &Path, run_as: Option<(u32, u32)>) -> std::io::Result<()> {
+    tool(
+        "initdb",
+        |cmd| {
+            cmd.arg("-D")
+                .arg(data)
+                // --no-sync: only initdb's own files skip fsync; the server runs with stock
+                // settings.
+                .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"]);
+        },
+        run_as,
+    )
+}
+
+/// A copy of the primary on `port` into `data`, set up to follow it (`-R`: `standby.signal`
+/// and `primary_conninfo`). A stock primary allows it: trusted replication on loopback, WAL
+/// senders and the `replica` WAL level are the defaults.
+fn base_backup(data: &Path, port: u16, run_as: Option<(u32, u32)>) -> std::io::Result<()> {
+    tool(
+        "pg_basebackup",
+        |cmd| {
+            cmd.arg("-D")
+                .arg(data)
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+                .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"]);
+        },
+        run_as,
+    )
+}
+
+/// Runs one of PostgreSQL's programs to completion (as the server's user).
+fn tool(
+    name: &str,
+    args: impl FnOnce(&mut Command),
+    run_as: Option<(u32, u32)>,
+) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(format!("{BIN}/initdb"));
-    cmd.arg("-D")
-        .arg(data)
-        // --no-sync: only initdb's own files skip fsync; the server runs with stock settings.
-        .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
-        .stdin(Stdio::null());
+    let mut cmd = Command::new(format!("{BIN}/{name}"));
+    args(&mut cmd);
+    cmd.stdin(Stdio::null());
     if let Some((uid, gid)) = run_as {
         cmd.uid(uid).gid(gid);
     }
@@ -118,7 +165,7 @@ fn initdb(data: &Path, run_as: Option<(u32, u32)>) -> std::io::Result<()> {
         return Ok(());
     }
     Err(std::io::Error::other(format!(
-        "initdb failed: {}",
+        "{name} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     )))
 }
