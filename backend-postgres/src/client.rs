@@ -307,12 +307,19 @@ impl PostgresBackend {
     }
 }
 
-/// The server's message with its SQLSTATE, or the client's error.
+/// The server's message with its SQLSTATE, or the client's error with its causes (a TLS
+/// handshake's names the certificate problem).
 fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
     }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
 }
 
 /// Opens a connection: its driver, the server's facts (a standby is refused), the layout, and
@@ -330,19 +337,43 @@ async fn open(
         // Grants must be durable before they are reported, whatever the server's default
         // (a crash after an asynchronous commit reissued a token in the brief's measurement).
         .options("-c synchronous_commit=on");
-    let (client, connection) = tokio::time::timeout(o.connect_timeout, config.connect(NoTls))
+    let connecting = async {
+        // One driver per connection type (with or without TLS); the client is the same.
+        let (client, driver) = match o.tls_connector()? {
+            None => {
+                let (client, connection) = config
+                    .connect(NoTls)
+                    .await
+                    .map_err(|e| fail(true, describe(&e)))?;
+                (
+                    client,
+                    drive(connection, notifier.clone(), channel.to_string()),
+                )
+            }
+            Some(tls) => {
+                let (client, connection) = config
+                    .connect(tls)
+                    .await
+                    .map_err(|e| fail(true, describe(&e)))?;
+                (
+                    client,
+                    drive(connection, notifier.clone(), channel.to_string()),
+                )
+            }
+        };
+        Ok::<_, LockError>(Live {
+            client: Arc::new(client),
+            driver,
+        })
+    };
+    let live = tokio::time::timeout(o.connect_timeout, connecting)
         .await
         .map_err(|_| {
             fail(
                 true,
                 format!("not connected within {:?}", o.connect_timeout),
             )
-        })?
-        .map_err(|e| fail(true, describe(&e)))?;
-    let live = Live {
-        client: Arc::new(client),
-        driver: drive(connection, notifier.clone(), channel.to_string()),
-    };
+        })??;
     let setup = async {
         let c = &live.client;
         let facts = ServerFacts::read(c)

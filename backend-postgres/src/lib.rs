@@ -50,7 +50,7 @@ mod wait;
 
 pub use backend::{CAPABILITIES, EFFICIENCY_CAPABILITIES};
 pub use client::PostgresBackend;
-pub use config::{MAX_SCHEMA_LEN, PostgresOptions};
+pub use config::{MAX_SCHEMA_LEN, PostgresOptions, PostgresTls};
 pub use guard::{GuardStatement, guard, guard_statement};
 /// The client the guarded transaction takes ([`guard`]): this version, re-exported.
 pub use tokio_postgres;

@@ -1,12 +1,13 @@
 //! The scheme this crate serves and its options, read from a [`BackendUrl`]:
 //! `postgres://[user[:password]@]host:port[,host:port...][/dbname]` (also `postgresql://`)
 //! with `schema`, `op_timeout`, `connect_timeout`, `user` / `password` (instead of the
-//! authority's).
+//! authority's), and TLS with `ca=<pem path>` (plus `cert=` and `key=` for a client
+//! certificate).
 
 use distlock_api::Result;
 use distlock_api::url::BackendUrl;
 
-use crate::config::{MAX_SCHEMA_LEN, PostgresOptions, valid_schema};
+use crate::config::{MAX_SCHEMA_LEN, PostgresOptions, PostgresTls, valid_schema};
 
 /// The schemes this crate serves.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
@@ -18,6 +19,9 @@ pub const OPTIONS: &[&str] = &[
     "connect_timeout",
     "user",
     "password",
+    "ca",
+    "cert",
+    "key",
 ];
 
 /// The options, from a `postgres://` URL.
@@ -47,6 +51,22 @@ pub fn from_url(url: &mut BackendUrl) -> Result<PostgresOptions> {
             ));
         }
         o.schema = schema;
+    }
+    match url.take_tls_files()? {
+        (Some(ca_pem), client_identity) => {
+            o.tls = Some(PostgresTls {
+                ca_pem,
+                client_identity,
+            });
+        }
+        (None, Some(_)) => {
+            return Err(url.invalid_option(
+                "ca",
+                "",
+                "a client certificate needs the server's CA (ca=<pem path>)",
+            ));
+        }
+        (None, None) => {}
     }
     url.take_duration("op_timeout", &mut o.op_timeout)?;
     url.take_duration("connect_timeout", &mut o.connect_timeout)?;
@@ -81,7 +101,12 @@ mod tests {
     #[test]
     fn the_option_list_is_what_the_reader_takes() {
         for name in OPTIONS.iter().chain(&["colour"]) {
-            let value = if *name == "schema" { "s" } else { "1s" };
+            let value = match *name {
+                "schema" => "s",
+                // Files: refused for not existing, which is not "unknown option".
+                "ca" | "cert" | "key" => "/nonexistent",
+                _ => "1s",
+            };
             let unknown = match parse(&format!("postgres://127.0.0.1:1?{name}={value}")) {
                 Err(LockError::InvalidConfig { reason, .. }) => reason.contains("unknown option"),
                 _ => false,

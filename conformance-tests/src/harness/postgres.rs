@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::{HarnessError, ServerProcess, TempDir, free_port, require, retry_port_clash};
+use super::{HarnessError, ServerProcess, TempDir, TlsFiles, free_port, require, retry_port_clash};
 
 const BIN: &str = "/usr/lib/postgresql/15/bin";
 
@@ -30,17 +30,27 @@ impl PostgresServer {
     }
 
     fn start_once(settings: &[(&str, &str)]) -> Result<Self, HarnessError> {
-        Self::start_from(settings, None)
+        Self::start_from(settings, None, None)
+    }
+
+    /// Starts it also serving TLS with `tls`'s certificate (`ssl=on`; plain connections stay
+    /// allowed, as on a stock server with TLS on).
+    pub fn start_tls(tls: &TlsFiles) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_from(&[], None, Some(tls)))
     }
 
     /// A streaming standby of `primary` (`pg_basebackup -R`, asynchronous: stock settings on
     /// both), started and ready.
     pub fn start_standby(primary: &PostgresServer) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_from(&[], Some(primary.port)))
+        retry_port_clash(|| Self::start_from(&[], Some(primary.port), None))
     }
 
     /// A new server: `initdb`, or a base backup of the primary on `of` that follows it.
-    fn start_from(settings: &[(&str, &str)], of: Option<u16>) -> Result<Self, HarnessError> {
+    fn start_from(
+        settings: &[(&str, &str)],
+        of: Option<u16>,
+        tls: Option<&TlsFiles>,
+    ) -> Result<Self, HarnessError> {
         let postgres = format!("{BIN}/postgres");
         require(&postgres, "postgresql")?;
         let io = |source| HarnessError::Io {
@@ -69,6 +79,24 @@ impl PostgresServer {
             "-c".into(),
             "listen_addresses=127.0.0.1".into(),
         ];
+        let mut settings: Vec<(&str, String)> =
+            settings.iter().map(|(n, v)| (*n, v.to_string())).collect();
+        if let Some(tls) = tls {
+            // The server reads its key only if the server's user owns it, mode 0600.
+            let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
+            std::fs::copy(&tls.cert, &cert).map_err(io)?;
+            std::fs::copy(&tls.key, &key).map_err(io)?;
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(io)?;
+            if let Some((uid, gid)) = run_as {
+                for f in [&cert, &key] {
+                    std::os::unix::fs::chown(f, Some(uid), Some(gid)).map_err(io)?;
+                }
+            }
+            settings.push(("ssl", "on".into()));
+            settings.push(("ssl_cert_file", cert.display().to_string()));
+            settings.push(("ssl_key_file", key.display().to_string()));
+        }
         for (name, value) in settings {
             args.push("-c".into());
             args.push(format!("{name}={value}").into());
