@@ -23,6 +23,8 @@ command -v java >/dev/null || need+=(default-jre-headless)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 # The PostgreSQL backend's server (the harness runs it as user postgres, which the package makes).
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql)
+# ... and a pooler in front of it (the backend refuses transaction pooling, works in session mode).
+[ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 command -v openssl >/dev/null || need+=(openssl)
 # `script` gives the command's tests a terminal.
 command -v script >/dev/null || need+=(bsdutils)
@@ -33,7 +35,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-servers='/usr/bin/redis-server|/usr/bin/etcd|zookeeper\.jar|/usr/lib/postgresql/15/bin/postgres'
+servers='/usr/bin/redis-server|/usr/bin/etcd|zookeeper\.jar|/usr/lib/postgresql/15/bin/postgres|/usr/sbin/pgbouncer'
 before=$(pgrep -f "$servers" | sort || true)
 
 # Each step says when it began, so the run's budget can be read from its log.

@@ -332,48 +332,11 @@ async fn open(
 ) -> Result<(Live, ServerFacts)> {
     let fail = |retryable: bool, e: String| LockError::backend(server.to_string(), retryable, e);
     let mut config = o.client_config()?;
-    config
-        .application_name("distlock")
-        // Grants must be durable before they are reported, whatever the server's default
-        // (a crash after an asynchronous commit reissued a token in the brief's measurement).
-        .options("-c synchronous_commit=on");
-    let connecting = async {
-        // One driver per connection type (with or without TLS); the client is the same.
-        let (client, driver) = match o.tls_connector()? {
-            None => {
-                let (client, connection) = config
-                    .connect(NoTls)
-                    .await
-                    .map_err(|e| fail(true, describe(&e)))?;
-                (
-                    client,
-                    drive(connection, notifier.clone(), channel.to_string()),
-                )
-            }
-            Some(tls) => {
-                let (client, connection) = config
-                    .connect(tls)
-                    .await
-                    .map_err(|e| fail(true, describe(&e)))?;
-                (
-                    client,
-                    drive(connection, notifier.clone(), channel.to_string()),
-                )
-            }
-        };
-        Ok::<_, LockError>(Live {
-            client: Arc::new(client),
-            driver,
-        })
-    };
-    let live = tokio::time::timeout(o.connect_timeout, connecting)
-        .await
-        .map_err(|_| {
-            fail(
-                true,
-                format!("not connected within {:?}", o.connect_timeout),
-            )
-        })??;
+    // Grants commit durably whatever the server's default (a crash after an asynchronous
+    // commit reissued a token in the brief's measurement): set per transaction by the layout's
+    // functions, since a pooler refuses startup options.
+    config.application_name("distlock");
+    let live = dial(o, &config, notifier, channel, fail).await?;
     let setup = async {
         let c = &live.client;
         let facts = ServerFacts::read(c)
@@ -383,6 +346,16 @@ async fn open(
             return Err(fail(
                 false,
                 "the server is a standby (pg_is_in_recovery): a grant needs the primary".into(),
+            ));
+        }
+        if pooled(o, &config, c, fail).await? {
+            return Err(fail(
+                false,
+                "a pooler in transaction mode stands between us and the server (our server \
+                 process changed between two statements): notifications and the queue's \
+                 session cannot work through it; connect to the server, or to a pooler in \
+                 session mode"
+                    .into(),
             ));
         }
         let installed = c
@@ -419,6 +392,88 @@ async fn open(
             ))
         }
     }
+}
+
+/// One connection (TLS when the options ask for it), its driver routing notifications on
+/// `channel` to `notifier`, cut off at `connect_timeout`.
+async fn dial(
+    o: &PostgresOptions,
+    config: &tokio_postgres::Config,
+    notifier: &Arc<Notifier>,
+    channel: &str,
+    fail: impl Fn(bool, String) -> LockError,
+) -> Result<Live> {
+    let connecting = async {
+        // One driver per connection type (with or without TLS); the client is the same.
+        let (client, driver) = match o.tls_connector()? {
+            None => {
+                let (client, connection) = config
+                    .connect(NoTls)
+                    .await
+                    .map_err(|e| fail(true, describe(&e)))?;
+                (
+                    client,
+                    drive(connection, notifier.clone(), channel.to_string()),
+                )
+            }
+            Some(tls) => {
+                let (client, connection) = config
+                    .connect(tls)
+                    .await
+                    .map_err(|e| fail(true, describe(&e)))?;
+                (
+                    client,
+                    drive(connection, notifier.clone(), channel.to_string()),
+                )
+            }
+        };
+        Ok::<_, LockError>(Live {
+            client: Arc::new(client),
+            driver,
+        })
+    };
+    tokio::time::timeout(o.connect_timeout, connecting)
+        .await
+        .map_err(|_| {
+            fail(
+                true,
+                format!("not connected within {:?}", o.connect_timeout),
+            )
+        })?
+}
+
+/// Whether a pooler in transaction mode stands between `c` and the server: while a second
+/// connection holds a server process in a transaction, the process serving `c` changes
+/// between two statements (a pooler hands each transaction whichever process is free; the
+/// brief measured it with pgbouncer). A direct connection, or a pooler in session mode, keeps
+/// its process.
+async fn pooled(
+    o: &PostgresOptions,
+    config: &tokio_postgres::Config,
+    c: &Client,
+    fail: impl Fn(bool, String) -> LockError + Copy,
+) -> Result<bool> {
+    let pid = || async {
+        c.query_typed_one("SELECT pg_backend_pid()", &[])
+            .await
+            .and_then(|r| r.try_get::<_, i32>(0))
+            .map_err(|e| fail(true, describe(&e)))
+    };
+    let first = pid().await?;
+    let other = dial(o, config, &Arc::new(Notifier::default()), "", fail).await?;
+    let holding = other
+        .client
+        .batch_execute("BEGIN; SELECT 1")
+        .await
+        .map_err(|e| fail(true, describe(&e)));
+    let second = match holding {
+        Ok(()) => tokio::time::timeout(o.op_timeout, pid())
+            .await
+            .unwrap_or_else(|_| Err(fail(true, "no answer while probing for a pooler".into()))),
+        Err(e) => Err(e),
+    };
+    other.driver.abort();
+    Ok(second? != first)
 }
 
 /// Runs the connection and routes its notifications; when it ends, every waiter re-checks.

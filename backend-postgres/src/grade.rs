@@ -32,8 +32,8 @@ impl ServerFacts {
     }
 
     /// Why grants are not durable here (the first check that fails), or `None` for the
-    /// correctness grade. Every grant commits with `synchronous_commit=on` whatever the server's
-    /// default; what the client cannot set is checked: writes reach the disk (`fsync`), a torn
+    /// correctness grade. Every grant and renewal commits with `synchronous_commit=on` whatever
+    /// the server's default; what the client cannot set is checked: writes reach the disk (`fsync`), a torn
     /// page cannot lose a committed row (`full_page_writes`), and a failover cannot land on a
     /// standby that lacks committed grants (no standby streams, or the server waits for a
     /// synchronous one).

@@ -21,7 +21,7 @@
 //! each other).
 
 /// Bumped with any change below: a client that finds another version installs its own.
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 3;
 
 /// The first key of every advisory lock the layout takes (`dlck` in ASCII).
 pub const CLASS: i32 = 0x646c_636b;
@@ -51,9 +51,14 @@ CREATE TABLE IF NOT EXISTS {s}.entry (
 CREATE INDEX IF NOT EXISTS entry_name ON {s}.entry (name, seq);
 CREATE INDEX IF NOT EXISTS entry_secret ON {s}.entry (secret);
 
--- The name's queue lock, for the rest of the transaction (see the module docs).
+-- The name's queue lock (see the module docs), and a durable commit whatever the server's
+-- default (set here, per transaction: a pooler refuses the startup option), both for the rest
+-- of the transaction.
 CREATE OR REPLACE FUNCTION {s}.lock_name(p_name text) RETURNS void
-LANGUAGE sql AS $f$ SELECT pg_advisory_xact_lock({class}, hashtext(p_name)) $f$;
+LANGUAGE sql AS $f$
+    SELECT set_config('synchronous_commit', 'on', true);
+    SELECT pg_advisory_xact_lock({class}, hashtext(p_name))
+$f$;
 
 -- The entries of a name admitted by the rule: fewer entries ahead than the smallest limit
 -- among themselves and those ahead (a prefix of the queue).
@@ -202,6 +207,7 @@ END $f$;
 CREATE OR REPLACE FUNCTION {s}.announce(p_name text, p_secret text, p_seq bigint, p_value text)
 RETURNS boolean LANGUAGE plpgsql AS $f$
 BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
     UPDATE {s}.entry SET value = p_value
     WHERE seq = p_seq AND name = p_name AND secret = p_secret AND granted
       AND expires_at > clock_timestamp();
@@ -241,10 +247,12 @@ pub const GUARD: &str = "SELECT set_config('idle_in_transaction_session_timeout'
 
 /// `(secrets, ttls ms)` -> the secrets renewed: one statement for a whole batch. Only a live
 /// grant is renewed (never an expired or a waiting entry); a non-key column, so a guarded
-/// transaction's `FOR KEY SHARE` does not hold it up.
-pub const RENEW: &str = "UPDATE {s}.entry e \
+/// transaction's `FOR KEY SHARE` does not hold it up. Committed durably: a renewal lost in a
+/// crash would let the entry expire before its holder's deadline.
+pub const RENEW: &str = "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)) \
+     UPDATE {s}.entry e \
      SET expires_at = clock_timestamp() + u.ttl * interval '1 millisecond' \
-     FROM unnest($1::text[], $2::bigint[]) AS u(secret, ttl) \
+     FROM durable, unnest($1::text[], $2::bigint[]) AS u(secret, ttl) \
      WHERE e.secret = u.secret AND e.granted AND e.expires_at > clock_timestamp() \
      RETURNING e.secret";
 

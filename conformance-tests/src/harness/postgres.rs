@@ -208,3 +208,71 @@ fn ready(port: u16) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+/// pgbouncer (Debian's `pgbouncer`) in front of a [`PostgresServer`], in a pool mode the test
+/// chooses; stock settings otherwise (its default pool size), trusting loopback.
+#[derive(Debug)]
+pub struct Pgbouncer {
+    port: u16,
+    _process: ServerProcess,
+    _dir: TempDir,
+}
+
+impl Pgbouncer {
+    /// Starts it in `pool_mode` (`session` or `transaction`) before `server`.
+    pub fn start(server: &PostgresServer, pool_mode: &str) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(server, pool_mode))
+    }
+
+    fn start_once(server: &PostgresServer, pool_mode: &str) -> Result<Self, HarnessError> {
+        const BINARY: &str = "/usr/sbin/pgbouncer";
+        require(BINARY, "pgbouncer")?;
+        let io = |source| HarnessError::Io {
+            server: "pgbouncer".into(),
+            source,
+        };
+        let dir = TempDir::new("pgbouncer").map_err(io)?;
+        let run_as = server_user();
+        let port = free_port();
+        let (users, ini) = (
+            dir.path().join("users.txt"),
+            dir.path().join("pgbouncer.ini"),
+        );
+        // Trust still needs the user listed.
+        std::fs::write(&users, "\"postgres\" \"\"\n").map_err(io)?;
+        std::fs::write(
+            &ini,
+            format!(
+                "[databases]\n* = host=127.0.0.1 port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
+                 listen_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
+                 pool_mode = {pool_mode}\n",
+                server.port,
+                users.display()
+            ),
+        )
+        .map_err(io)?;
+        if let Some((uid, gid)) = run_as {
+            for p in [dir.path(), users.as_path(), ini.as_path()] {
+                std::os::unix::fs::chown(p, Some(uid), Some(gid)).map_err(io)?;
+            }
+        }
+        let process = ServerProcess::start_forking(
+            format!("pgbouncer :{port}"),
+            BINARY.into(),
+            vec![ini.into()],
+            dir.path().join("pgbouncer.log"),
+            Box::new(move || ready(port)),
+            run_as,
+        )?;
+        Ok(Pgbouncer {
+            port,
+            _process: process,
+            _dir: dir,
+        })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}

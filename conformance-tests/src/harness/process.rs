@@ -57,10 +57,11 @@ pub struct ServerProcess {
     ready: Box<dyn Fn() -> bool + Send + Sync>,
     /// `(uid, gid)` to run as (PostgreSQL refuses to run as root).
     run_as: Option<(u32, u32)>,
-    /// The server forks a process per connection (PostgreSQL): it runs in a process group of
-    /// its own, and every signal goes to the whole group (its workers would otherwise serve on
-    /// for a moment after a kill, and a pause would stop only the parent).
-    group: bool,
+    /// The server forks a process per connection (PostgreSQL): every signal goes to its
+    /// children too (they make themselves leaders of their own process groups, so a group
+    /// signal misses them; they would serve on for a moment after a kill, and a pause would
+    /// stop only the parent).
+    forking: bool,
     child: Mutex<Option<Child>>,
 }
 
@@ -87,7 +88,7 @@ impl ServerProcess {
         Self::start_with_env(label, program, args, Vec::new(), log, ready)
     }
 
-    /// [`ServerProcess::start`] for a server that forks workers (signalled as a process group),
+    /// [`ServerProcess::start`] for a server that forks workers (its children signalled with it),
     /// as user `uid` and group `gid` when given (restarts too).
     pub(crate) fn start_forking(
         label: String,
@@ -119,7 +120,7 @@ impl ServerProcess {
         env: Vec<(OsString, OsString)>,
         log: PathBuf,
         ready: Box<dyn Fn() -> bool + Send + Sync>,
-        (run_as, group): (Option<(u32, u32)>, bool),
+        (run_as, forking): (Option<(u32, u32)>, bool),
     ) -> Result<Self, HarnessError> {
         let p = ServerProcess {
             label,
@@ -129,7 +130,7 @@ impl ServerProcess {
             log,
             ready,
             run_as,
-            group,
+            forking,
             child: Mutex::new(None),
         };
         p.launch()?;
@@ -161,9 +162,6 @@ impl ServerProcess {
             .stderr(err);
         if let Some((uid, gid)) = self.run_as {
             cmd.uid(uid).gid(gid);
-        }
-        if self.group {
-            cmd.process_group(0);
         }
         let child = spawn(cmd).map_err(io)?;
         *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
@@ -228,20 +226,25 @@ impl ServerProcess {
         }
     }
 
-    /// `sig` to `pid`, or to its process group for a forking server.
+    /// `sig` to `pid`, and to its children for a forking server: stopped first (it cannot fork
+    /// while the children are signalled), then the children, then itself.
     fn signal_pid(&self, pid: u32, sig: libc::c_int) {
-        let target = if self.group {
-            -(pid as libc::pid_t)
-        } else {
-            pid as libc::pid_t
+        let send = |pid: u32, sig| {
+            // SAFETY: kill(2) on our own child or its children; no memory is involved.
+            unsafe {
+                libc::kill(pid as libc::pid_t, sig);
+            }
         };
-        // SAFETY: kill(2) on our own child's pid or process group; no memory is involved.
-        unsafe {
-            libc::kill(target, sig);
+        if self.forking {
+            if sig != libc::SIGCONT {
+                send(pid, libc::SIGSTOP);
+            }
+            children(pid).into_iter().for_each(|c| send(c, sig));
         }
+        send(pid, sig);
     }
 
-    /// SIGKILL (a forking server's whole process group), and reap the process. Idempotent.
+    /// SIGKILL (a forking server's children too), and reap the process. Idempotent.
     pub fn kill(&self) {
         let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(mut c) = child.take() {
@@ -273,4 +276,25 @@ impl Drop for ServerProcess {
         self.resume();
         self.kill();
     }
+}
+
+/// The processes whose parent is `pid` (read from `/proc`).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            // `pid (comm) state ppid ...`: the command may hold spaces and parentheses.
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = &s[s.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
