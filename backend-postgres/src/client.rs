@@ -14,7 +14,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row};
 
 use crate::backend::{CAPABILITIES, EFFICIENCY_CAPABILITIES};
-use crate::config::{PostgresOptions, valid_schema};
+use crate::config::{MAX_SCHEMA_LEN, PostgresOptions, valid_schema};
 use crate::grade::ServerFacts;
 use crate::notify::Notifier;
 use crate::sql;
@@ -96,7 +96,7 @@ impl PostgresBackend {
             return Err(LockError::invalid_config(
                 "postgres.schema",
                 &options.schema,
-                "must be a lower-case identifier of at most 28 bytes",
+                format!("must be a lower-case identifier of at most {MAX_SCHEMA_LEN} bytes"),
             ));
         }
         let server = format!("postgres {}", options.hosts.join(","));

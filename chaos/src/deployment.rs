@@ -360,34 +360,14 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
         (Deployment::Redis | Deployment::RedisPlain, Nemesis::ClockJump) => {
             let clocks = clocks(1);
             let s = Arc::new(RedisServer::start_on_clock(&clocks[0]).unwrap_or_else(|e| fail(e)));
-            let (p, c) = (s.port(), s.clone());
-            Servers {
-                kind,
-                ports: vec![p],
-                clocks,
-                processes: Box::new(move || refs(&c, 1)),
-                leader: Box::new(|| None),
-                isolate: Box::new(|_, _| {}),
-                cluster: None,
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+            let p = s.port();
+            leaderless(kind, s, vec![p], clocks)
         }
         (Deployment::Redlock, Nemesis::ClockJump) => {
             let clocks = clocks(3);
             let s = Arc::new(RedisMasters::start_on_clocks(&clocks).unwrap_or_else(|e| fail(e)));
-            let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
-            Servers {
-                kind,
-                ports,
-                clocks,
-                processes: Box::new(move || refs(&c, 3)),
-                leader: Box::new(|| None),
-                isolate: Box::new(|_, _| {}),
-                cluster: None,
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+            let ports = s.nodes.iter().map(RedisServer::port).collect();
+            leaderless(kind, s, ports, clocks)
         }
         (Deployment::RedisSentinel, _) => {
             let pair = RedisReplicated::start().unwrap_or_else(|e| fail(e));
@@ -424,33 +404,13 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 &[]
             };
             let s = Arc::new(RedisServer::start_with(extra, None).unwrap_or_else(|e| fail(e)));
-            let (p, c) = (s.port(), s.clone());
-            Servers {
-                kind,
-                ports: vec![p],
-                clocks: Vec::new(),
-                processes: Box::new(move || refs(&c, 1)),
-                leader: Box::new(|| None),
-                isolate: Box::new(|_, _| {}),
-                cluster: None,
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+            let p = s.port();
+            leaderless(kind, s, vec![p], Vec::new())
         }
         (Deployment::Redlock, _) => {
             let s = Arc::new(RedisMasters::start(3).unwrap_or_else(|e| fail(e)));
-            let (ports, c) = (s.nodes.iter().map(RedisServer::port).collect(), s.clone());
-            Servers {
-                kind,
-                ports,
-                clocks: Vec::new(),
-                processes: Box::new(move || refs(&c, 3)),
-                leader: Box::new(|| None),
-                isolate: Box::new(|_, _| {}),
-                cluster: None,
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+            let ports = s.nodes.iter().map(RedisServer::port).collect();
+            leaderless(kind, s, ports, Vec::new())
         }
         (Deployment::RedisCluster, _) => {
             let s = Arc::new(
@@ -479,23 +439,38 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
         }
         (Deployment::Postgres, _) => {
             let s = Arc::new(PostgresServer::start().unwrap_or_else(|e| fail(e)));
-            let (p, c) = (s.port(), s.clone());
-            Servers {
-                kind,
-                ports: vec![p],
-                clocks: Vec::new(),
-                processes: Box::new(move || refs(&c, 1)),
-                leader: Box::new(|| None),
-                isolate: Box::new(|_, _| {}),
-                cluster: None,
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+            let p = s.port();
+            leaderless(kind, s, vec![p], Vec::new())
         }
         (Deployment::Etcd, _) => quorum::<EtcdCluster>(kind, 1, nemesis),
         (Deployment::Etcd3, _) => quorum::<EtcdCluster>(kind, 3, nemesis),
         (Deployment::Zk, _) => quorum::<ZkEnsemble>(kind, 1, nemesis),
         (Deployment::Zk3, _) => quorum::<ZkEnsemble>(kind, 3, nemesis),
+    }
+}
+
+/// Servers with no leader and no links between them to cut (one server, Redlock's masters):
+/// each of `s`'s processes, clients on `ports`, wall clocks `clocks` where the run moves them.
+fn leaderless<T: Leftovers>(
+    kind: Deployment,
+    s: Arc<T>,
+    ports: Vec<u16>,
+    clocks: Vec<ClockOffset>,
+) -> Servers
+where
+    Held<T>: ProcessRef,
+{
+    let (n, c) = (ports.len(), s.clone());
+    Servers {
+        kind,
+        ports,
+        clocks,
+        processes: Box::new(move || refs(&c, n)),
+        leader: Box::new(|| None),
+        isolate: Box::new(|_, _| {}),
+        cluster: None,
+        leftovers: leftovers_of(&s),
+        _keep: Box::new(s),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use distlock::{Config, Guarantee, LockBackend, Locks};
-use distlock_conformance::deployments::postgres::options;
+use distlock_conformance::deployments::postgres::{admin, options};
 use distlock_conformance::harness::PostgresServer;
 use distlock_postgres::PostgresBackend;
 
@@ -92,13 +92,7 @@ fn host(server: &PostgresServer) -> String {
 async fn until(server: &PostgresServer, query: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let (admin, connection) = distlock_postgres::tokio_postgres::connect(
-            &server.url(),
-            distlock_postgres::tokio_postgres::NoTls,
-        )
-        .await
-        .expect("admin connection");
-        tokio::spawn(connection);
+        let admin = admin(server).await;
         let done: bool = admin.query_one(query, &[]).await.expect(query).get(0);
         if done {
             return;
@@ -135,13 +129,7 @@ async fn a_standby_is_refused_and_an_asynchronous_one_downgrades_its_primary() {
     let why = backend.downgrade_reason().expect("downgraded").to_string();
     assert!(why.contains("asynchronously"), "{why}");
 
-    let (admin, connection) = distlock_postgres::tokio_postgres::connect(
-        &primary.url(),
-        distlock_postgres::tokio_postgres::NoTls,
-    )
-    .await
-    .expect("admin connection");
-    tokio::spawn(connection);
+    let admin = admin(&primary).await;
     // One statement each: ALTER SYSTEM refuses to run in a transaction block.
     for statement in [
         "ALTER SYSTEM SET synchronous_standby_names = '*'",

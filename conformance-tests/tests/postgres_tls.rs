@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient};
+use distlock_conformance::deployments::postgres::admin;
 use distlock_conformance::harness::{PostgresServer, TempDir, TlsFiles};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,13 +43,7 @@ async fn locks_over_tls_and_another_ca_is_refused() {
         .await
         .expect("acquire over TLS");
     assert!(lease.fencing_token().is_some());
-    let (admin, connection) = distlock_postgres::tokio_postgres::connect(
-        &server.url(),
-        distlock_postgres::tokio_postgres::NoTls,
-    )
-    .await
-    .expect("admin connection");
-    tokio::spawn(connection);
+    let admin = admin(&server).await;
     let encrypted: bool = admin
         .query_one(
             "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \

@@ -126,12 +126,7 @@ async fn run(
             out
         }));
     }
-    let mut total = Outcome::default();
-    for p in pods {
-        let o = p.await.expect("pod");
-        total.sold += o.sold;
-        total.rejected += o.rejected;
-    }
+    let total = all_pods(pods).await;
     let left = *db.stock.lock().expect("stock");
     Ok((total, left))
 }
@@ -226,12 +221,7 @@ mod guarded {
                 out
             }));
         }
-        let mut total = Outcome::default();
-        for p in pods {
-            let o = p.await.expect("pod");
-            total.sold += o.sold;
-            total.rejected += o.rejected;
-        }
+        let total = all_pods(pods).await;
         let left: i64 = admin
             .query_one("SELECT units FROM oversell_stock WHERE sku = $1", &[&name])
             .await
@@ -239,6 +229,17 @@ mod guarded {
             .get(0);
         Ok((total, left as u64))
     }
+}
+
+/// What the pods sold and had refused, in all.
+async fn all_pods(pods: Vec<tokio::task::JoinHandle<Outcome>>) -> Outcome {
+    let mut total = Outcome::default();
+    for p in pods {
+        let o = p.await.expect("pod");
+        total.sold += o.sold;
+        total.rejected += o.rejected;
+    }
+    total
 }
 
 /// Where the locks come from: a URL, a config file (+ environment), or a fresh in-memory store.
