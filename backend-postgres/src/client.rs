@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     live: Mutex<Option<Live>>,
     /// Held while a connection is opened, so concurrent callers open one.
     connecting: tokio::sync::Mutex<()>,
+    /// Held while an observer's LISTEN or UNLISTEN is decided and sent, so the server gets
+    /// them in the order they were decided.
+    pub(crate) listens: tokio::sync::Mutex<()>,
 }
 
 /// The statements, in the client's schema.
@@ -130,6 +133,7 @@ impl PostgresBackend {
                 downgrade,
                 live: Mutex::new(Some(live)),
                 connecting: tokio::sync::Mutex::new(()),
+                listens: tokio::sync::Mutex::new(()),
             }),
         };
         backend.sweep_every(SWEEP_PERIOD);
@@ -229,7 +233,9 @@ impl PostgresBackend {
         .await
     }
 
-    /// [`PostgresBackend::query`], cut off at `deadline`.
+    /// [`PostgresBackend::query`], cut off at `deadline`. A statement whose commit the server
+    /// kept on the primary alone (its wait for the synchronous standby cancelled) failed: a
+    /// failover could lose what it wrote, a grant above all.
     pub(crate) async fn query_until(
         &self,
         deadline: Instant,
@@ -239,7 +245,16 @@ impl PostgresBackend {
         let client = tokio::time::timeout_at(deadline, self.client())
             .await
             .map_err(|_| self.no_answer())??;
+        let local_only = self.inner.notifier.local_only_commits();
         match tokio::time::timeout_at(deadline, client.query_typed(statement, params)).await {
+            Ok(Ok(_)) if self.inner.notifier.local_only_commits() != local_only => {
+                Err(LockError::backend(
+                    self.inner.server.clone(),
+                    true,
+                    "the commit's wait for the synchronous standby was cancelled: it is kept on \
+                     the primary alone, where a failover could lose it, so it counts as failed",
+                ))
+            }
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => {
                 if client.is_closed() {
@@ -287,10 +302,11 @@ impl PostgresBackend {
         LockError::backend(self.inner.server.clone(), retryable, describe(e))
     }
 
-    /// LISTENs on `channel` for an observer, on the current connection (every new one does too).
-    pub(crate) async fn listen(&self, channel: &str) -> Result<()> {
+    /// `LISTEN` or `UNLISTEN` (`command`) on an observer's `channel`, on the current connection
+    /// (every new one LISTENs on the observed channels).
+    pub(crate) async fn listen(&self, command: &str, channel: &str) -> Result<()> {
         let client = self.client().await?;
-        let statement = format!("LISTEN \"{channel}\"");
+        let statement = format!("{command} \"{channel}\"");
         match tokio::time::timeout(
             self.inner.options.op_timeout,
             client.batch_execute(&statement),
@@ -493,6 +509,7 @@ where
                 Ok(AsyncMessage::Notification(n)) => {
                     notifier.deliver(&channel, n.channel(), n.payload());
                 }
+                Ok(AsyncMessage::Notice(notice)) => notifier.notice(&notice),
                 Ok(_) => {}
                 Err(error) => {
                     tracing::debug!(%error, "distlock postgres: the connection ended");

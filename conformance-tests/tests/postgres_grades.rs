@@ -142,16 +142,63 @@ async fn a_standby_is_refused_and_an_asynchronous_one_downgrades_its_primary() {
         "SELECT current_setting('synchronous_standby_names') = '*'",
     )
     .await;
-    let backend = PostgresBackend::connect(options(vec![host(&standby), host(&primary)]))
+    // Long enough for the harness to see the grant's commit waiting below and cancel it.
+    let patient = distlock_postgres::PostgresOptions {
+        op_timeout: Duration::from_secs(10),
+        ..options(vec![host(&standby), host(&primary)])
+    };
+    let backend = PostgresBackend::connect(patient)
         .await
         .expect("the primary among several hosts");
     assert_eq!(backend.downgrade_reason(), None);
-    let lease = distlock::LockClient::new(std::sync::Arc::new(backend))
-        .try_acquire(
-            "grades",
-            &distlock::AcquireOptions::default().guarantee(Guarantee::Correctness),
-        )
+    let client = distlock::LockClient::new(std::sync::Arc::new(backend));
+    let correctness = distlock::AcquireOptions::default().guarantee(Guarantee::Correctness);
+    let lease = client
+        .try_acquire("grades", &correctness)
         .await
         .expect("a grant the synchronous standby acknowledges");
+    assert!(lease.release().await.expect("release"));
+
+    // The standby stops acknowledging, and the grant's commit waits for it until an operator
+    // cancels the wait: the server keeps that commit on the primary alone (a failover would
+    // lose it), so the grant counts as failed and is released, not held.
+    standby.process().pause();
+    let attempt = tokio::spawn({
+        let (client, correctness) = (client.clone(), correctness.clone());
+        async move { client.try_acquire("grades", &correctness).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    loop {
+        let cancelled: i64 = admin
+            .query_one(
+                "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity \
+                 WHERE wait_event = 'SyncRep' AND application_name = 'distlock'",
+                &[],
+            )
+            .await
+            .expect("cancel")
+            .get(0);
+        if cancelled > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no commit waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Back before the answer: the release that follows it waits for the standby too.
+    standby.process().resume();
+    let refused = attempt
+        .await
+        .expect("join")
+        .map(drop)
+        .expect_err("a grant kept on the primary alone");
+    assert!(
+        refused.to_string().contains("synchronous standby"),
+        "{refused}"
+    );
+    // Released, not held for its 30 s TTL: the lock is free well before.
+    let lease = client
+        .acquire("grades", &correctness, Duration::from_secs(10))
+        .await
+        .expect("the lock comes free");
     assert!(lease.release().await.expect("release"));
 }
