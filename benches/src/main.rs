@@ -1,13 +1,14 @@
 //! distlock benchmarks: every backend against its raw client in the same run, plus the rslock
 //! peer, on servers the conformance harness starts on loopback.
 //!
-//! `cargo run --release -p distlock-bench -- [--quick | --smoke] [--only LIST] [--delay-us N] [--out DIR]` writes
+//! `cargo run --release -p distlock-bench -- [--quick | --smoke] [--only LIST [--merge]] [--delay-us N] [--out DIR]` writes
 //! `DIR/bench.md`, `DIR/bench.json` and `DIR/bench-handover.svg` (default DIR `target/bench`;
 //! the checked-in report is `docs/bench.md`, made with `--out docs`). Figures are medians of
 //! several rounds; the ratios are what to track, since machines are noisy. `--smoke` runs a few
 //! hundred iterations in all, to prove the bench still works (CI runs it). `--only etcd,zk`
 //! measures just those backends (the first word of a label: memory, redis, redlock, etcd, zk,
-//! postgres). On PostgreSQL the raw minimum is a session advisory lock pair.
+//! postgres); with `--merge` their rows replace theirs in DIR's report, which says so. On
+//! PostgreSQL the raw minimum is a session advisory lock pair.
 //!
 //! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, the peers),
 //! hand-over with 8 and 64 clients on one name, election, semaphore and read-write mix, 1 000
@@ -419,6 +420,7 @@ async fn main() {
         elections: Vec::new(),
         primitives: Vec::new(),
         scale: Vec::new(),
+        merged: Vec::new(),
     };
 
     let mut loopback = Network::new("loopback", 0, size.rounds);
@@ -548,6 +550,19 @@ async fn main() {
     }
 
     std::fs::create_dir_all(&dir).expect("output directory");
+    // `--merge` (with `--only`): this run's rows replace those backends' rows in the report
+    // already in DIR, so one backend can be measured again without running them all.
+    if args.iter().any(|a| a == "--merge") {
+        assert!(
+            only.is_some(),
+            "--merge replaces the rows of the --only backends"
+        );
+        let json = std::fs::read_to_string(format!("{dir}/bench.json"))
+            .expect("--merge needs a bench.json in the --out directory");
+        let mut earlier: Report = serde_json::from_str(&json).expect("an earlier bench.json");
+        earlier.merge(report);
+        report = earlier;
+    }
     let md = report.markdown();
     std::fs::write(format!("{dir}/bench.md"), &md).expect("write report");
     std::fs::write(

@@ -1,12 +1,12 @@
 //! The report: markdown tables, the same figures as JSON, and an SVG chart of hand-over latency.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::scale::Held;
 use crate::stats::Stats;
 
 /// Uncontended pairs of one contender, with its baseline.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Uncontended {
     pub backend: String,
     pub ours: Stats,
@@ -41,7 +41,7 @@ impl Uncontended {
 }
 
 /// Hand-over on one name.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Handover {
     pub backend: String,
     pub clients: usize,
@@ -64,7 +64,7 @@ impl Handover {
 }
 
 /// Leader hand-over of one backend, next to its lock hand-over with as many clients.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Election {
     pub backend: String,
     pub candidates: usize,
@@ -78,7 +78,7 @@ pub struct Election {
 
 /// Semaphore and read-write mix of one backend, next to its lock hand-over with as many
 /// clients.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Primitives {
     pub backend: String,
     pub clients: usize,
@@ -95,7 +95,7 @@ pub struct Primitives {
 }
 
 /// Scale figures of one backend.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Scale {
     pub backend: String,
     /// 1 000 names, 256 tasks, one client: acquire + release pairs per second.
@@ -104,7 +104,7 @@ pub struct Scale {
 }
 
 /// The uncontended and hand-over tables of one network setting.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Network {
     pub label: String,
     /// What a latency link added each way, microseconds (0: loopback).
@@ -296,7 +296,7 @@ impl Network {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     pub cores: usize,
     pub servers: String,
@@ -305,6 +305,9 @@ pub struct Report {
     pub elections: Vec<Election>,
     pub primitives: Vec<Primitives>,
     pub scale: Vec<Scale>,
+    /// Backends whose rows a later run of their own replaced (`--only X --merge`).
+    #[serde(default)]
+    pub merged: Vec<String>,
 }
 
 /// Each peer library's label and the label of our backend it competes with.
@@ -331,7 +334,41 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
+/// Replaces `old`'s rows of every backend that has a row in `new` by `new`'s rows.
+fn replace_rows<T>(old: &mut Vec<T>, new: Vec<T>, backend: impl Fn(&T) -> &str) {
+    let labels: Vec<String> = new.iter().map(|r| backend(r).to_string()).collect();
+    old.retain(|r| !labels.iter().any(|l| l == backend(r)));
+    old.extend(new);
+}
+
 impl Report {
+    /// Puts `newer`'s rows (a run of a few backends) in this report, in place of those
+    /// backends' rows, and says so in the report; the servers line is the newer run's.
+    pub fn merge(&mut self, newer: Report) {
+        let mut labels: Vec<String> = Vec::new();
+        for n in &newer.networks {
+            labels.extend(n.uncontended.iter().map(|u| u.backend.clone()));
+        }
+        self.servers = newer.servers;
+        for n in newer.networks {
+            match self.networks.iter_mut().find(|o| o.label == n.label) {
+                Some(o) => {
+                    replace_rows(&mut o.uncontended, n.uncontended, |r| &r.backend);
+                    replace_rows(&mut o.handover, n.handover, |r| &r.backend);
+                }
+                None => self.networks.push(n),
+            }
+        }
+        replace_rows(&mut self.elections, newer.elections, |r| &r.backend);
+        replace_rows(&mut self.primitives, newer.primitives, |r| &r.backend);
+        replace_rows(&mut self.scale, newer.scale, |r| &r.backend);
+        for label in labels {
+            if !self.merged.contains(&label) {
+                self.merged.push(label);
+            }
+        }
+    }
+
     pub fn markdown(&self) -> String {
         let rounds: Vec<String> = self
             .networks
@@ -345,6 +382,14 @@ impl Report {
             self.servers,
             rounds.join(", ")
         );
+        if !self.merged.is_empty() {
+            md.push_str(&format!(
+                "\nThe rows of {} come from a later run of their own on the same kind of \
+                 machine (`--only ... --merge`): compare ratios within a row, which one run \
+                 measured, rather than absolute figures across backends.\n",
+                self.merged.join(", ")
+            ));
+        }
         for (i, n) in self.networks.iter().enumerate() {
             md.push_str(&n.markdown(i == 0));
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use distlock::{AcquireOptions, Lease, LockBackend, LockClient};
 use distlock_conformance::harness::{metric_sum, packets_received};
 use distlock_conformance::scenarios::Counting;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 /// Aggregate acquire + release pairs per second of `tasks` tasks over `names` names, all through
@@ -114,7 +114,7 @@ impl Counter {
 }
 
 /// Held leases with the watchdog on.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Held {
     /// Leases held at once.
     pub leases: usize,
