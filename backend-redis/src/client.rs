@@ -264,15 +264,16 @@ impl RedisBackend {
 
     /// [`RedisBackend::run`] for a call that is harmless to repeat (a compare-and-delete): sent
     /// once more when the connection turns out to have dropped (a reset found by this very call,
-    /// after which the connection reconnects), rather than failing a release that a second send
-    /// would complete.
+    /// after which the connection reconnects) or the call went unanswered (sent into a
+    /// connection just cut, or while it reconnected after a cut healed), rather than failing a
+    /// release that a second send would complete.
     pub(crate) async fn run_repeatable<T: redis::FromRedisValue>(
         &self,
         call: &Call,
         conn: &mut Conn,
     ) -> Result<T> {
         match call.run(conn, self.options.op_timeout).await {
-            Err(e) if e.is_connection_dropped() => self.run(call, conn).await,
+            Err(e) if e.is_connection_dropped() || e.is_timeout() => self.run(call, conn).await,
             other => other.map_err(|e| self.err(e)),
         }
     }
