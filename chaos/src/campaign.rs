@@ -359,22 +359,15 @@ pub fn run(r: Run, length: Duration) -> RunResult {
                 servers.clocks[i].jump(ttl * 2);
             }
             Nemesis::Failover => {
-                let procs = (servers.processes)();
                 let old = (servers.leader)().unwrap_or(0);
                 rec.record(Event::FaultStart {
                     kind: nemesis.label().into(),
                     target: format!("server {old}"),
                 });
-                procs[old].process().kill();
-                // The Sentinel waits 1 s before it calls the master down, then promotes.
-                let promoted = Instant::now() + Duration::from_secs(20);
-                while (servers.leader)().is_none_or(|l| l == old) && Instant::now() < promoted {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                procs[old]
-                    .process()
-                    .restart()
-                    .unwrap_or_else(|e| panic!("{}: restart: {e}", servers.kind.label()));
+                (servers
+                    .fail_over
+                    .as_ref()
+                    .expect("a deployment that fails over"))();
             }
             Nemesis::PartitionMember => {
                 let i = in_turn(&servers, &mut turn, &mut rng);

@@ -2,12 +2,12 @@
 //! them), their fault hooks, and a raw count of what they hold under a name.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock::LockName;
 use distlock_conformance::harness::{
-    ClockOffset, EtcdCluster, HarnessError, PostgresServer, RedisCluster, RedisMasters,
-    RedisReplicated, RedisSentinel, RedisServer, ServerProcess, ZkEnsemble,
+    ClockOffset, EtcdCluster, HarnessError, PostgresPair, PostgresServer, RedisCluster,
+    RedisMasters, RedisReplicated, RedisSentinel, RedisServer, ServerProcess, ZkEnsemble,
 };
 use distlock_conformance::leftovers;
 use rand::Rng;
@@ -49,10 +49,13 @@ pub enum Deployment {
     RedisCluster,
     /// One PostgreSQL server, stock settings (fsync on: the correctness grade).
     Postgres,
+    /// A PostgreSQL primary and its synchronous standby; a failover promotes the standby and
+    /// rebuilds the old primary as the new one's standby. Clients list both servers.
+    PostgresSync,
 }
 
 /// Every deployment.
-pub const DEPLOYMENTS: [Deployment; 11] = [
+pub const DEPLOYMENTS: [Deployment; 12] = [
     Deployment::Redis,
     Deployment::RedisAof,
     Deployment::RedisPlain,
@@ -64,6 +67,7 @@ pub const DEPLOYMENTS: [Deployment; 11] = [
     Deployment::Zk,
     Deployment::Zk3,
     Deployment::Postgres,
+    Deployment::PostgresSync,
 ];
 
 impl Deployment {
@@ -81,20 +85,22 @@ impl Deployment {
             Deployment::RedisSentinel => "redis-sentinel",
             Deployment::RedisCluster => "redis-cluster",
             Deployment::Postgres => "postgres",
+            Deployment::PostgresSync => "postgres-sync",
         }
     }
 
     /// The faults this deployment runs under: the client faults everywhere (but behind a
     /// Sentinel, whose clients reach the master directly), server kills where a server runs
     /// alone or in a quorum, a wall-clock jump where TTLs are counted by a server's clock
-    /// (Redis, Redlock), Redlock's delayed restart, a Sentinel failover, and where there are
+    /// (Redis, Redlock), Redlock's delayed restart, a failover (Sentinel, PostgreSQL's
+    /// synchronous standby), and where there are
     /// several servers, a client cut from one of them; a member cut from its peers in a quorum
     /// or a Redis Cluster (a master, through its bus proxies). A Redis Cluster client is cut by
     /// its ACL user: no proxy delays it.
     pub fn nemeses(self) -> Vec<Nemesis> {
         use Nemesis::*;
         let server: &[Nemesis] = match self {
-            Deployment::RedisSentinel => return vec![Failover],
+            Deployment::RedisSentinel | Deployment::PostgresSync => return vec![Failover],
             Deployment::RedisCluster => {
                 return vec![
                     PauseClient,
@@ -183,11 +189,8 @@ impl Deployment {
             Deployment::RedisCluster => {
                 format!("redis+cluster://{all}?prefix={PREFIX}&op_timeout=1s")
             }
-            Deployment::Postgres => {
-                format!(
-                    "postgres://postgres@{}/postgres?schema={PREFIX}&op_timeout=1s",
-                    hosts[0]
-                )
+            Deployment::Postgres | Deployment::PostgresSync => {
+                format!("postgres://postgres@{all}/postgres?schema={PREFIX}&op_timeout=1s")
             }
         }
     }
@@ -209,6 +212,9 @@ pub(crate) struct Servers {
     pub(crate) isolate: Box<dyn Fn(usize, bool) + Send + Sync>,
     /// A Redis Cluster's nodes, whose clients are cut by their ACL user, not by proxies.
     pub(crate) cluster: Option<Arc<RedisCluster>>,
+    /// Fails the primary over to its standby and returns once the deployment is whole again,
+    /// where it has one.
+    pub(crate) fail_over: Option<Box<dyn Fn() + Send + Sync>>,
     /// What the servers hold under a lock name, counted raw.
     pub(crate) leftovers: Box<dyn Fn(LockName) -> BoxFuture<usize> + Send + Sync>,
     pub(crate) _keep: Box<dyn std::any::Any + Send + Sync>,
@@ -250,6 +256,11 @@ impl ProcessRef for Held<RedisCluster> {
 impl ProcessRef for Held<PostgresServer> {
     fn process(&self) -> &ServerProcess {
         self.0.process()
+    }
+}
+impl ProcessRef for Held<PostgresPair> {
+    fn process(&self) -> &ServerProcess {
+        self.0.server(self.1).process()
     }
 }
 impl ProcessRef for Held<ZkEnsemble> {
@@ -331,6 +342,16 @@ impl Leftovers for PostgresServer {
     }
 }
 
+impl Leftovers for PostgresPair {
+    /// On the primary of the moment (the standby copies it).
+    fn count(self: Arc<Self>, name: LockName) -> BoxFuture<usize> {
+        Box::pin(async move {
+            let url = self.server(self.primary()).url();
+            leftovers::postgres_at(&url, PREFIX, &name).await
+        })
+    }
+}
+
 fn leftovers_of<T: Leftovers>(
     s: &Arc<T>,
 ) -> Box<dyn Fn(LockName) -> BoxFuture<usize> + Send + Sync> {
@@ -375,7 +396,7 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 RedisSentinel::start(SERVICE, pair.master.port()).unwrap_or_else(|e| fail(e));
             let ports = vec![sentinel.port()];
             let s = Arc::new((pair, sentinel));
-            let (c, l) = (s.clone(), s.clone());
+            let (c, l, f) = (s.clone(), s.clone(), s.clone());
             Servers {
                 kind,
                 ports,
@@ -391,6 +412,45 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                         .iter()
                         .position(|s| s.port() == port)
                 }),
+                // The Sentinel calls the master down after 1 s, then promotes the replica;
+                // the old master comes back as its replica.
+                fail_over: Some(Box::new(move || {
+                    let (pair, sentinel) = &*f;
+                    let servers = [&pair.master, &pair.replica];
+                    let master = |port| servers.iter().position(|s| Some(s.port()) == port);
+                    let old = master(sentinel.master_port(SERVICE)).unwrap_or(0);
+                    servers[old].process().kill();
+                    let promoted = Instant::now() + Duration::from_secs(20);
+                    while master(sentinel.master_port(SERVICE)).is_none_or(|l| l == old)
+                        && Instant::now() < promoted
+                    {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    servers[old]
+                        .process()
+                        .restart()
+                        .unwrap_or_else(|e| panic!("redis-sentinel: restart: {e}"));
+                })),
+                leftovers: leftovers_of(&s),
+                _keep: Box::new(s),
+            }
+        }
+        (Deployment::PostgresSync, _) => {
+            let s = Arc::new(PostgresPair::start().unwrap_or_else(|e| fail(e)));
+            let ports = (0..2).map(|i| s.server(i).port()).collect();
+            let (c, l, f) = (s.clone(), s.clone(), s.clone());
+            Servers {
+                kind,
+                ports,
+                clocks: Vec::new(),
+                processes: Box::new(move || refs(&c, 2)),
+                leader: Box::new(move || Some(l.primary())),
+                isolate: Box::new(|_, _| {}),
+                cluster: None,
+                fail_over: Some(Box::new(move || {
+                    f.fail_over()
+                        .unwrap_or_else(|e| panic!("postgres-sync: failover: {e}"));
+                })),
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -433,6 +493,7 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 leader: Box::new(|| None),
                 isolate: Box::new(move |i, on| cut.isolate(i, on)),
                 cluster: Some(s.clone()),
+                fail_over: None,
                 leftovers: leftovers_of(&s),
                 _keep: Box::new(s),
             }
@@ -469,6 +530,7 @@ where
         leader: Box::new(|| None),
         isolate: Box::new(|_, _| {}),
         cluster: None,
+        fail_over: None,
         leftovers: leftovers_of(&s),
         _keep: Box::new(s),
     }
@@ -538,6 +600,7 @@ where
         leader: Box::new(move || l.leader()),
         isolate: Box::new(move |i, on| cut.isolate(i, on)),
         cluster: None,
+        fail_over: None,
         leftovers: leftovers_of(&s),
         _keep: Box::new(s),
     }

@@ -125,7 +125,8 @@ fn main() {
 
 /// The short campaign: every deployment under the fault whose hazard the lock must show or
 /// survive, the consensus clusters under a server kill (etcd) and a member cut from its peers
-/// (ZooKeeper, the classic follower split), PostgreSQL under a server kill; then each primitive
+/// (ZooKeeper, the classic follower split), PostgreSQL under a server kill and a failover to its
+/// synchronous standby; then each primitive
 /// on each backend family (Redis, etcd, ZooKeeper; PostgreSQL's read-write lock, whose queue
 /// admits readers in batches) under a fault that reaches its holders or its waiters.
 fn short_plan() -> Vec<Run> {
@@ -142,6 +143,7 @@ fn short_plan() -> Vec<Run> {
         (Zk, DelayClient),
         (Zk3, PartitionMember),
         (Postgres, KillServer),
+        (PostgresSync, Failover),
     ]
     .map(|(d, n)| (Workload::Lock, d, n));
     let primitives = [

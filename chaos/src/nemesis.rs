@@ -20,8 +20,10 @@ pub enum Nemesis {
     ResetClient,
     /// Move one server's wall clock forward by 2 TTLs (an NTP step, an operator's `date -s`).
     ClockJump,
-    /// SIGKILL the master; restart it once the Sentinel has promoted the replica (it comes back
-    /// empty and is made a replica).
+    /// SIGKILL the master or primary and promote its replica or standby: the Sentinel does it
+    /// for Redis (the old master comes back empty as a replica); for PostgreSQL the run does
+    /// what an operator's tool would (promote the synchronous standby, rebuild the old primary
+    /// as its standby).
     Failover,
     /// Cut one member (the leader and a follower in turn) from its peers, both ways, for 1.5
     /// TTLs, while every client still reaches it: it answers, but cannot commit.

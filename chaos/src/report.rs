@@ -173,7 +173,10 @@ pub fn markdown(runs: &[RunResult], command: &str, schedule: &str) -> String {
          master and a replica behind one Sentinel; `redis-cluster` three masters without replicas, \
          each client its own ACL user, cut by switching it off (no proxy: no `delay-client`); \
          `postgres` one PostgreSQL server with stock settings (fsync on: a killed server keeps \
-         every committed grant and its sequence, so it must show nothing). \
+         every committed grant and its sequence, so it must show nothing); `postgres-sync` a \
+         primary and a synchronous standby, clients listing both, failed over by promoting the \
+         standby (every acknowledged grant was flushed there first, so it must show nothing; \
+         commits wait until the old primary is rebuilt as the new one's standby). \
          `delay-client` delays one client's traffic by \
          half a TTL each way for 1.5 TTLs; `reset-client` closes its connections at once. \
          Anything else fails the campaign.\n",

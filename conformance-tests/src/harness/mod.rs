@@ -34,7 +34,7 @@ pub use etcd::{EtcdCluster, metric_sum};
 pub use holder::{HolderProcess, holder_binary};
 pub use latency::LatencyLink;
 pub use peer::{PeerHolder, shared_election};
-pub use postgres::{Pgbouncer, PostgresServer};
+pub use postgres::{Pgbouncer, PostgresPair, PostgresServer};
 pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer};

@@ -3,8 +3,10 @@
 //! apart from the port, the loopback address, the socket directory and what a caller passes.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use super::{HarnessError, ServerProcess, TempDir, TlsFiles, free_port, require, retry_port_clash};
 
@@ -15,7 +17,7 @@ const BIN: &str = "/usr/lib/postgresql/15/bin";
 pub struct PostgresServer {
     port: u16,
     process: ServerProcess,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl PostgresServer {
@@ -109,11 +111,7 @@ impl PostgresServer {
             Box::new(move || ready(port)),
             run_as,
         )?;
-        Ok(PostgresServer {
-            port,
-            process,
-            _dir: dir,
-        })
+        Ok(PostgresServer { port, process, dir })
     }
 
     /// The port it listens on.
@@ -129,6 +127,101 @@ impl PostgresServer {
     /// The server process, for fault tests (its backends die with it).
     pub fn process(&self) -> &ServerProcess {
         &self.process
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+}
+
+/// What makes a standby synchronous: the primary waits for any one to flush each commit. Set
+/// on both servers of a [`PostgresPair`] (a standby ignores it until promoted), the setting
+/// that pair exists to vary.
+const SYNCHRONOUS: &[(&str, &str)] = &[("synchronous_standby_names", "*")];
+
+/// A primary and its synchronous standby, and the failover an operator's tool (Patroni,
+/// repmgr) makes: the primary killed, the standby promoted, the old primary rebuilt from the
+/// new one as its synchronous standby (at the same port).
+#[derive(Debug)]
+pub struct PostgresPair {
+    servers: [PostgresServer; 2],
+    primary: AtomicUsize,
+}
+
+impl PostgresPair {
+    /// Starts both and waits until the standby streams synchronously.
+    pub fn start() -> Result<Self, HarnessError> {
+        let primary = PostgresServer::start_with(SYNCHRONOUS)?;
+        let standby =
+            retry_port_clash(|| PostgresServer::start_from(SYNCHRONOUS, Some(primary.port), None))?;
+        let pair = PostgresPair {
+            servers: [primary, standby],
+            primary: AtomicUsize::new(0),
+        };
+        pair.until_synchronous()?;
+        Ok(pair)
+    }
+
+    /// Server `i` (0 or 1).
+    pub fn server(&self, i: usize) -> &PostgresServer {
+        &self.servers[i]
+    }
+
+    /// Which server is the primary now.
+    pub fn primary(&self) -> usize {
+        self.primary.load(Ordering::SeqCst)
+    }
+
+    /// Kills the primary, promotes the standby, and rebuilds the old primary as the new one's
+    /// synchronous standby; returns once it streams. Commits wait meanwhile: the new primary
+    /// has no synchronous standby until then.
+    pub fn fail_over(&self) -> Result<(), HarnessError> {
+        let io = |source| HarnessError::Io {
+            server: "postgres".into(),
+            source,
+        };
+        let (old, new) = (self.primary(), 1 - self.primary());
+        let run_as = server_user();
+        self.servers[old].process.kill();
+        tool(
+            "pg_ctl",
+            |cmd| {
+                cmd.args(["promote", "-w", "-t", "60", "-D"])
+                    .arg(self.servers[new].data());
+            },
+            run_as,
+        )
+        .map_err(io)?;
+        self.primary.store(new, Ordering::SeqCst);
+        let data = self.servers[old].data();
+        std::fs::remove_dir_all(&data).map_err(io)?;
+        base_backup(&data, self.servers[new].port, run_as).map_err(io)?;
+        self.servers[old].process.restart()?;
+        self.until_synchronous()
+    }
+
+    /// Waits until the primary has a synchronous standby streaming.
+    fn until_synchronous(&self) -> Result<(), HarnessError> {
+        let port = self.servers[self.primary()].port;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = Command::new(format!("{BIN}/psql"))
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+                .args(["-d", "postgres", "-Atc"])
+                .arg("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")
+                .stdin(Stdio::null())
+                .output();
+            if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "1") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Io {
+                    server: format!("postgres :{port}"),
+                    source: std::io::Error::other("no synchronous standby within 60 s"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
