@@ -116,7 +116,7 @@ impl PostgresBackend {
             sweep: in_schema(sql::SWEEP),
         };
         let notifier = Arc::new(Notifier::default());
-        let (live, facts) = open(&options, &server, &channel, &notifier).await?;
+        let (live, facts) = open(&options, &server, &channel, &notifier, true).await?;
         let downgrade = facts.downgrade();
         let capabilities = match downgrade {
             None => CAPABILITIES,
@@ -179,7 +179,9 @@ impl PostgresBackend {
             return Ok(c);
         }
         let i = &self.inner;
-        let (live, facts) = open(&i.options, &i.server, &i.channel, &i.notifier).await?;
+        // The same hosts: the pooler probe of the first connection stands (it costs a second
+        // connection, and reconnects come in bursts, after a failover above all).
+        let (live, facts) = open(&i.options, &i.server, &i.channel, &i.notifier, false).await?;
         if i.downgrade.is_none() {
             if let Some(why) = facts.downgrade() {
                 live.driver.abort();
@@ -338,13 +340,15 @@ fn describe(e: &tokio_postgres::Error) -> String {
     text
 }
 
-/// Opens a connection: its driver, the server's facts (a standby is refused), the layout, and
-/// LISTEN on the client's channel and every observed leader channel.
+/// Opens a connection: its driver, the server's facts (a standby is refused), a pooler in
+/// transaction mode refused (probed when `probe_pooler`), the layout, and LISTEN on the client's
+/// channel and every observed leader channel.
 async fn open(
     o: &PostgresOptions,
     server: &str,
     channel: &str,
     notifier: &Arc<Notifier>,
+    probe_pooler: bool,
 ) -> Result<(Live, ServerFacts)> {
     let fail = |retryable: bool, e: String| LockError::backend(server.to_string(), retryable, e);
     let mut config = o.client_config()?;
@@ -364,7 +368,7 @@ async fn open(
                 "the server is a standby (pg_is_in_recovery): a grant needs the primary".into(),
             ));
         }
-        if pooled(o, &config, c, fail).await? {
+        if probe_pooler && pooled(o, &config, c, fail).await? {
             return Err(fail(
                 false,
                 "a pooler in transaction mode stands between us and the server (our server \
