@@ -21,7 +21,7 @@
 //! each other).
 
 /// Bumped with any change below: a client that finds another version installs its own.
-pub const VERSION: i64 = 3;
+pub const VERSION: i64 = 4;
 
 /// The first key of every advisory lock the layout takes (`dlck` in ASCII).
 pub const CLASS: i32 = 0x646c_636b;
@@ -134,10 +134,14 @@ END $f$;
 
 -- A new entry at the back of the name's queue, settled at once. A permit meeting another
 -- limit ahead is refused before it is written: {-2, theirs}.
+-- The calls that read a queue do so without bitmap scans ({nobitmap}): a plain index scan
+-- marks the name's deleted entries dead in the index as it passes them, so the next call skips
+-- them; a bitmap scan visits them all again until a vacuum (a busy name piled up thousands
+-- between autovacuum's visits, each call slower by them: measured 0.9 -> 1.4 ms a pair).
 CREATE OR REPLACE FUNCTION {s}.acquire(p_name text, p_secret text, p_lim bigint, p_permit boolean,
                                        p_ttl_ms bigint, p_wait boolean, p_waiter_ms bigint,
                                        p_client text, p_holder text)
-RETURNS bigint[] LANGUAGE plpgsql AS $f$
+RETURNS bigint[] LANGUAGE plpgsql {nobitmap} AS $f$
 DECLARE theirs bigint; v_seq bigint;
 BEGIN
     PERFORM {s}.lock_name(p_name);
@@ -156,7 +160,7 @@ END $f$;
 -- A waiter's re-check: as settle, or {-3} when its entry is gone (it stopped re-checking for
 -- longer than its liveness).
 CREATE OR REPLACE FUNCTION {s}.admit(p_name text, p_secret text, p_ttl_ms bigint, p_waiter_ms bigint)
-RETURNS bigint[] LANGUAGE plpgsql AS $f$
+RETURNS bigint[] LANGUAGE plpgsql {nobitmap} AS $f$
 DECLARE v_seq bigint;
 BEGIN
     PERFORM {s}.lock_name(p_name);
@@ -172,7 +176,7 @@ END $f$;
 -- transaction ends and a later call deletes it. Tells whom the delete admits, and the
 -- observers when it carried a leader's value.
 CREATE OR REPLACE FUNCTION {s}.release(p_name text, p_secret text) RETURNS boolean
-LANGUAGE plpgsql AS $f$
+LANGUAGE plpgsql {nobitmap} AS $f$
 DECLARE v_seq bigint; held boolean; led boolean;
 BEGIN
     PERFORM {s}.lock_name(p_name);
@@ -287,4 +291,5 @@ pub fn in_schema(sql: &str, schema: &str) -> String {
     sql.replace("{s}", schema)
         .replace("{version}", &VERSION.to_string())
         .replace("{class}", &CLASS.to_string())
+        .replace("{nobitmap}", "SET enable_bitmapscan = off")
 }
