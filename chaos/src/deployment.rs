@@ -396,64 +396,44 @@ pub(crate) fn start(kind: Deployment, nemesis: Nemesis) -> Servers {
                 RedisSentinel::start(SERVICE, pair.master.port()).unwrap_or_else(|e| fail(e));
             let ports = vec![sentinel.port()];
             let s = Arc::new((pair, sentinel));
-            let (c, l, f) = (s.clone(), s.clone(), s.clone());
-            Servers {
-                kind,
-                ports,
-                clocks: Vec::new(),
-                processes: Box::new(move || refs(&c, 2)),
-                isolate: Box::new(|_, _| {}),
-                cluster: None,
-                // The server the Sentinel names as master now.
-                leader: Box::new(move || {
-                    let (pair, sentinel) = &*l;
-                    let port = sentinel.master_port(SERVICE)?;
-                    [&pair.master, &pair.replica]
-                        .iter()
-                        .position(|s| s.port() == port)
-                }),
-                // The Sentinel calls the master down after 1 s, then promotes the replica;
-                // the old master comes back as its replica.
-                fail_over: Some(Box::new(move || {
-                    let (pair, sentinel) = &*f;
-                    let servers = [&pair.master, &pair.replica];
-                    let master = |port| servers.iter().position(|s| Some(s.port()) == port);
-                    let old = master(sentinel.master_port(SERVICE)).unwrap_or(0);
-                    servers[old].process().kill();
-                    let promoted = Instant::now() + Duration::from_secs(20);
-                    while master(sentinel.master_port(SERVICE)).is_none_or(|l| l == old)
-                        && Instant::now() < promoted
-                    {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    servers[old]
-                        .process()
-                        .restart()
-                        .unwrap_or_else(|e| panic!("redis-sentinel: restart: {e}"));
-                })),
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+            // The server the Sentinel names as master now.
+            let leader = |s: &(RedisReplicated, RedisSentinel)| {
+                let (pair, sentinel) = s;
+                let port = sentinel.master_port(SERVICE)?;
+                [&pair.master, &pair.replica]
+                    .iter()
+                    .position(|s| s.port() == port)
+            };
+            // The Sentinel calls the master down after 1 s, then promotes the replica; the old
+            // master comes back as its replica.
+            let fail_over = move |s: &(RedisReplicated, RedisSentinel)| {
+                let old = leader(s).unwrap_or(0);
+                let servers = [&s.0.master, &s.0.replica];
+                servers[old].process().kill();
+                let promoted = Instant::now() + Duration::from_secs(20);
+                while leader(s).is_none_or(|l| l == old) && Instant::now() < promoted {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                servers[old]
+                    .process()
+                    .restart()
+                    .unwrap_or_else(|e| panic!("redis-sentinel: restart: {e}"));
+            };
+            failing_over(kind, s, ports, leader, fail_over)
         }
         (Deployment::PostgresSync, _) => {
             let s = Arc::new(PostgresPair::start().unwrap_or_else(|e| fail(e)));
             let ports = (0..2).map(|i| s.server(i).port()).collect();
-            let (c, l, f) = (s.clone(), s.clone(), s.clone());
-            Servers {
+            failing_over(
                 kind,
+                s,
                 ports,
-                clocks: Vec::new(),
-                processes: Box::new(move || refs(&c, 2)),
-                leader: Box::new(move || Some(l.primary())),
-                isolate: Box::new(|_, _| {}),
-                cluster: None,
-                fail_over: Some(Box::new(move || {
-                    f.fail_over()
-                        .unwrap_or_else(|e| panic!("postgres-sync: failover: {e}"));
-                })),
-                leftovers: leftovers_of(&s),
-                _keep: Box::new(s),
-            }
+                |p| Some(p.primary()),
+                |p| {
+                    p.fail_over()
+                        .unwrap_or_else(|e| panic!("postgres-sync: failover: {e}"))
+                },
+            )
         }
         (Deployment::Redis | Deployment::RedisAof | Deployment::RedisPlain, _) => {
             // The crash-safe variant differs from stock in what the run exists to vary.
@@ -531,6 +511,33 @@ where
         isolate: Box::new(|_, _| {}),
         cluster: None,
         fail_over: None,
+        leftovers: leftovers_of(&s),
+        _keep: Box::new(s),
+    }
+}
+
+/// Two servers, one leading (`leader`), whose run fails the leader over (`fail_over` returns
+/// once the deployment is whole again); clients on `ports`.
+fn failing_over<T: Leftovers>(
+    kind: Deployment,
+    s: Arc<T>,
+    ports: Vec<u16>,
+    leader: impl Fn(&T) -> Option<usize> + Send + Sync + 'static,
+    fail_over: impl Fn(&T) + Send + Sync + 'static,
+) -> Servers
+where
+    Held<T>: ProcessRef,
+{
+    let (c, l, f) = (s.clone(), s.clone(), s.clone());
+    Servers {
+        kind,
+        ports,
+        clocks: Vec::new(),
+        processes: Box::new(move || refs(&c, 2)),
+        leader: Box::new(move || leader(&l)),
+        isolate: Box::new(|_, _| {}),
+        cluster: None,
+        fail_over: Some(Box::new(move || fail_over(&f))),
         leftovers: leftovers_of(&s),
         _keep: Box::new(s),
     }
