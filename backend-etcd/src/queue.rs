@@ -313,6 +313,7 @@ impl EtcdBackend {
             ttl: queued.session.ttl,
             sent_at: queued.session.refreshed(),
             session: Some(queued.session.lost_signal()),
+            first_ttl: None,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! | `{p:B}:leader:<encoded n>` | pub/sub channel | a message at every announcement of an election's leader (observers listen there) |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
+//! | `{p:B}:asks:<encoded n>` | hash, with PX | a lock's waiting owners: owner secret -> `<ttl ms><holder>`, what a release needs to grant the head on its behalf |
 //! | `{p:B}:shared:<encoded n>` | hash, with PX | a semaphore's permit holders or a read-write lock's readers: owner secret -> `<expiry ms>:<fencing token>:<limit>` |
 //!
 //! `B` is a bucket, `fnv1a64(encoded n) % 1024`, inside the hash tag. Why buckets: the fencing
@@ -81,6 +82,11 @@ impl LockKeys {
     /// The waiters' liveness deadlines.
     pub fn alive(&self) -> Key<'_> {
         self.key("alive:", true)
+    }
+
+    /// What each of a lock's waiters asks for (TTL, holder), read by the release that grants it.
+    pub fn asks(&self) -> Key<'_> {
+        self.key("asks:", true)
     }
 
     /// The shared holders (permits, readers).

@@ -10,9 +10,18 @@ use tokio::sync::watch;
 
 use crate::conn::{Conn, Pushes};
 
-struct Channel {
+/// What a channel's listeners heard.
+#[derive(Default)]
+struct Heard {
     /// Bumped by every message: a waiter that was busy when it came still sees the change.
-    releases: watch::Sender<u64>,
+    messages: u64,
+    /// The fencing token of a grant a release made to this turn channel's waiter (a `g<token>`
+    /// message, [`crate::scripts::RELEASE`]).
+    grant: Option<u64>,
+}
+
+struct Channel {
+    releases: watch::Sender<Heard>,
     waiters: usize,
     /// The server confirmed our SUBSCRIBE (and no UNSUBSCRIBE was sent since).
     subscribed: bool,
@@ -46,7 +55,7 @@ impl Notifier {
             let c = channels
                 .entry(channel.to_string())
                 .or_insert_with(|| Channel {
-                    releases: watch::Sender::new(0),
+                    releases: watch::Sender::new(Heard::default()),
                     waiters: 0,
                     subscribed: false,
                 });
@@ -84,7 +93,16 @@ impl Pushes for Notifier {
                     && let Ok(name) = std::str::from_utf8(name)
                     && let Some(c) = channels.get(name)
                 {
-                    c.releases.send_modify(|n| *n += 1);
+                    let grant = match push.data.get(1) {
+                        Some(Value::BulkString(m)) => m
+                            .strip_prefix(b"g")
+                            .and_then(|t| std::str::from_utf8(t).ok()?.parse().ok()),
+                        _ => None,
+                    };
+                    c.releases.send_modify(|h| {
+                        h.messages += 1;
+                        h.grant = grant.or(h.grant);
+                    });
                 }
             }
             // The connection dropped: a release may have been missed, so every waiter retries now
@@ -108,7 +126,7 @@ impl Pushes for Notifier {
 /// Every waiter of every channel retries.
 fn wake(channels: &HashMap<String, Channel>) {
     for c in channels.values() {
-        c.releases.send_modify(|n| *n += 1);
+        c.releases.send_modify(|h| h.messages += 1);
     }
 }
 
@@ -117,7 +135,7 @@ pub(crate) struct Subscription {
     notifier: Arc<Notifier>,
     channel: String,
     conn: Conn,
-    releases: watch::Receiver<u64>,
+    releases: watch::Receiver<Heard>,
 }
 
 impl Subscription {
@@ -129,6 +147,12 @@ impl Subscription {
         if self.releases.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+
+    /// The fencing token of the grant a release made to us, if one was heard: the lock is ours
+    /// ([`crate::scripts::RELEASE`]).
+    pub(crate) fn granted(&self) -> Option<u64> {
+        self.releases.borrow().grant
     }
 
     /// Forgets the messages so far: the next [`Subscription::released`] waits for a new one.

@@ -84,16 +84,18 @@ impl RedisBackend {
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let hex = secret.expose_hex_bytes();
         let who = holder.segment();
-        // The queue scripts share their keys (lock, fence, queue, alive; `ADMIT` adds the shared
-        // hash) and their first arguments (see `scripts`).
+        // The queue scripts share their keys (lock, fence, queue, alive, then `ACQUIRE`'s asks
+        // or `ADMIT`'s shared hash) and their first arguments (see `scripts`).
         let queue_call = |lua, shared: bool, waiting: bool, waiter_ttl: Duration| {
-            let mut call = Call::new(lua, 4 + usize::from(shared));
+            let mut call = Call::new(lua, 5);
             call.arg(&keys.lock)
                 .arg(keys.fence())
                 .arg(keys.queue())
                 .arg(keys.alive());
             if shared {
                 call.arg(keys.shared());
+            } else {
+                call.arg(keys.asks());
             }
             call.arg(&hex[..])
                 .arg(ttl_ms)
@@ -193,17 +195,20 @@ impl RedisBackend {
     }
 
     /// Takes a waiter that gives up (or a Redlock holder its arbiter did not grant) out of the
-    /// queue, and tells the next one if the lock is free. `member` is the entry as it was queued
+    /// queue, lets go of the lock if a release handed it over meanwhile, and hands it on if it
+    /// is free ([`scripts::LEAVE`]). `member` is the entry as it was queued
     /// ([`queue_member`]). Best effort: a waiter left behind is dropped when its liveness runs
     /// out.
     pub(crate) async fn leave_queue(&self, keys: &LockKeys, member: &[u8]) {
         let mut conn = self.conn.clone();
         let left: Result<i64> = self
             .run(
-                Call::new(&scripts::LEAVE, 3)
+                Call::new(&scripts::LEAVE, 5)
                     .arg(keys.queue())
                     .arg(keys.alive())
                     .arg(&keys.lock)
+                    .arg(keys.fence())
+                    .arg(keys.asks())
                     .arg(member)
                     .arg(keys.turn()),
                 &mut conn,

@@ -10,7 +10,7 @@ use crate::scripts::{self, Call};
 /// Whom a release wakes.
 #[derive(Clone, Copy)]
 pub(crate) enum Tell {
-    /// The live head of the name's queue, if any.
+    /// The live head of the name's queue, if any: a lock's waiter is granted the lock.
     QueueHead,
     /// The same, once the releaser left the queue (a Redlock holder its arbiter granted).
     LeaveQueue,
@@ -78,11 +78,14 @@ impl RedisBackend {
         let mut conn = self.conn.clone();
         let mut call = match tell {
             Tell::Nobody => Call::new(&scripts::RELEASE, 1),
-            _ => Call::new(&scripts::RELEASE, 3),
+            _ => Call::new(&scripts::RELEASE, 5),
         };
         call.arg(&keys.lock);
         if !matches!(tell, Tell::Nobody) {
-            call.arg(keys.queue()).arg(keys.alive());
+            call.arg(keys.queue())
+                .arg(keys.alive())
+                .arg(keys.fence())
+                .arg(keys.asks());
         }
         call.arg(&secret.expose_hex_bytes()[..]);
         // The script's second argument: see `scripts::RELEASE`.

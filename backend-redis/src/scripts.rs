@@ -137,15 +137,18 @@ async fn timed<T>(limit: Duration, send: impl Future<Output = RedisResult<T>>) -
 }
 
 /// Lua helpers shared by the scripts that read the queue head: `purge` drops the waiters whose
-/// liveness ran out (from both sets) and says how many; `clock` is the server's time in ms and µs;
+/// liveness ran out (from both sets, and their asks when given) and says how many; `clock` is the server's time in ms and µs;
 /// `distlock_value` says whether a lock value has our layout (`<32 hex>:<token>...`), not another
 /// recipe's (redis-py's `Lock` on our key, say).
 const PURGE: &str = r#"
-local function purge(queue, alive, now)
+local function purge(queue, alive, now, asks)
   local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
   for _, w in ipairs(dead) do
     redis.call('ZREM', alive, w)
     redis.call('ZREM', queue, w)
+    if asks then
+      redis.call('HDEL', asks, w)
+    end
   end
   return #dead
 end
@@ -171,8 +174,50 @@ local function keep_hash(shared, ttl)
 end
 "#;
 
-/// KEYS: lock, fence, queue, alive. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms, turn
-/// channel prefix, arbiter (0/1), holder segment.
+/// The Lua helper (after [`PURGE`]'s) that hands a free lock on: `hand_on(lock, fence, queue,
+/// alive, asks, turn, leaving)` takes `leaving` (if not nil) out of the queue, drops the dead
+/// waiters, then
+/// * grants the lock to the live head when it is a lock's waiter (its ask is in `asks`): INCR
+///   the counter, `SET` the head's value for its TTL but no longer than its liveness has left
+///   (a waiter that died meanwhile holds it up no longer than a dead waiter holds up the queue),
+///   take it out of the queue, and publish `g<token>` on its turn channel: the waiter holds on
+///   receipt, with no request of its own. Its validity counts from the send time of its last
+///   re-check, which set that liveness (see `wait`);
+/// * else tells the head "your turn" (a semaphore's or a read-write lock's waiter, a Redlock
+///   arbiter's, or one that queued before asks existed), as before.
+const HAND_ON: &str = r#"
+local function hand_on(lock, fence, queue, alive, asks, turn, leaving)
+  if redis.call('EXISTS', queue) == 0 then
+    return
+  end
+  if leaving then
+    redis.call('ZREM', queue, leaving)
+    redis.call('ZREM', alive, leaving)
+  end
+  local now = now_ms()
+  purge(queue, alive, now, asks)
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if not head then
+    return
+  end
+  local ask = redis.call('HGET', asks, head)
+  local live = tonumber(redis.call('ZSCORE', alive, head))
+  if not ask or not live or live <= now then
+    tell(turn, head)
+    return
+  end
+  local ttl, who = string.match(ask, '^(%d+)(.*)$')
+  local token = redis.call('INCR', fence)
+  redis.call('SET', lock, head .. ':' .. token .. who, 'PX', math.min(tonumber(ttl), live - now))
+  redis.call('ZREM', queue, head)
+  redis.call('ZREM', alive, head)
+  redis.call('HDEL', asks, head)
+  redis.call('PUBLISH', turn .. string.sub(head, 1, 32), 'g' .. token)
+end
+"#;
+
+/// KEYS: lock, fence, queue, alive, asks. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms,
+/// turn channel prefix, arbiter (0/1), holder segment.
 /// * Nobody queued and the lock free (the common case): INCR the bucket counter, `SET NX PX`,
 ///   return `{1, token}`. Three commands and no read, because on this path every extra command
 ///   measurably costs throughput (each `redis.call` is ~1-3 us of server time against a ~100 us
@@ -182,8 +227,10 @@ end
 /// * Held under a value distlock does not write (another recipe's lock on our key, which jumps
 ///   our queue and wakes none of our waiters): return `{-4, 0}`, refused (nothing joined). Not on
 ///   a Redlock arbiter, whose queue is Redlock's own: there it is a holder like any other.
-/// * Held by another: a waiter joins the queue (arrival order, first join only) and refreshes
-///   its liveness; return `{0, pttl}` (the next re-check bound).
+/// * Held by another: a waiter joins the queue (arrival order, first join only, with its ask:
+///   TTL and holder segment, which a release needs to grant it, [`HAND_ON`]) and refreshes its
+///   liveness; return `{0, pttl}` (the next re-check bound). A re-check that finds the lock
+///   handed to it already takes the case above.
 /// * Free, but a live waiter other than us heads the queue: it is promised to that waiter; a
 ///   waiter joins the queue; return `{0, -3}`. If dead waiters were just dropped, the new head
 ///   is told on its turn channel.
@@ -199,7 +246,7 @@ end
 pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"
-local lock, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, fence, queue, alive, asks = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, ttl, waiting, wttl = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local arbiter = ARGV[6] == '1'
 local queued = redis.call('EXISTS', queue) == 1
@@ -223,15 +270,20 @@ if queued or waiting then
   now, arrival = clock()
 end
 if queued then
-  purged = purge(queue, alive, now)
+  purged = purge(queue, alive, now, asks)
   head = redis.call('ZRANGE', queue, 0, 0)[1]
 end
 local function join(live)
   if waiting then
-    redis.call('ZADD', queue, 'NX', arrival, me)
+    if redis.call('ZADD', queue, 'NX', arrival, me) == 1 and not arbiter then
+      redis.call('HSET', asks, me, ttl .. ARGV[7])
+    end
     redis.call('ZADD', alive, now + live, me)
     redis.call('PEXPIRE', queue, wttl)
     redis.call('PEXPIRE', alive, wttl)
+    if not arbiter then
+      redis.call('PEXPIRE', asks, wttl)
+    end
   end
 end
 if cur then
@@ -255,27 +307,33 @@ if arbiter then
 elseif head then
   redis.call('ZREM', queue, me)
   redis.call('ZREM', alive, me)
+  redis.call('HDEL', asks, me)
 end
 return {{1, token}}
 "#
     ))
 });
 
-/// KEYS: queue, alive, lock. ARGV: queue member (the secret, with `#<limit>` for a permit or a
-/// reader, as [`ADMIT`] queued it), turn channel prefix.
-/// A waiter that gives up (timeout, error, cancellation) leaves the queue; if the lock is free,
-/// the new head is told at once instead of at its next re-check.
+/// KEYS: queue, alive, lock, fence, asks. ARGV: queue member (the secret, with `#<limit>` for a
+/// permit or a reader, as [`ADMIT`] queued it), turn channel prefix.
+/// A waiter that gives up (timeout, error, cancellation) leaves the queue. If a release handed
+/// it the lock meanwhile ([`HAND_ON`]: the grant may be in flight to it, or never read), it lets
+/// go of it. If the lock is then free, it goes on to the new head at once instead of at its next
+/// re-check.
 pub static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        r#"{PURGE}
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  purge(KEYS[1], KEYS[2], now_ms())
-  local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-  if head then
-    tell(ARGV[2], head)
-  end
+        r#"{PURGE}{HAND_ON}
+local queue, alive, lock, fence, asks = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+redis.call('ZREM', queue, ARGV[1])
+redis.call('ZREM', alive, ARGV[1])
+redis.call('HDEL', asks, ARGV[1])
+local cur = redis.call('GET', lock)
+if cur and string.sub(cur, 1, 33) == string.sub(ARGV[1], 1, 32) .. ':' then
+  redis.call('DEL', lock)
+  cur = false
+end
+if not cur then
+  hand_on(lock, fence, queue, alive, asks, ARGV[2], nil)
 end
 return 1
 "#
@@ -540,12 +598,12 @@ return 1
     ))
 });
 
-/// KEYS: lock, queue, alive (the lock alone with `none`, which reads no other key: a plain
-/// key has no queue, and on Cluster it shares no slot with one). ARGV: secret, whom to tell
-/// (`head`, `leave` or `none`), turn channel prefix. DEL only if ours, then:
-/// * `head`: PUBLISH "your turn" on the own channel of the waiter that heads the queue (dead
-///   waiters dropped first), if any. A release nobody waits for publishes nothing; one message
-///   to one waiter: a release wakes one connection, not every waiter's.
+/// KEYS: lock, queue, alive, fence, asks (the lock alone with `none`, which reads no other key:
+/// a plain key has no queue, and on Cluster it shares no slot with one). ARGV: secret, whom to
+/// tell (`head`, `leave` or `none`), turn channel prefix. DEL only if ours, then:
+/// * `head`: hand the lock on to the live head of the queue ([`HAND_ON`]: granted to a lock's
+///   waiter, "your turn" to another), if any. A release nobody waits for publishes nothing; one
+///   message to one waiter: a release wakes one connection, not every waiter's.
 /// * `leave`: the same, once we left the queue (a Redlock holder the name's arbiter granted
 ///   stays at its head until then; see [`ACQUIRE`]).
 /// * `none`: nothing (a Redlock node that is not the name's arbiter, which keeps no queue; or a
@@ -563,18 +621,12 @@ redis.call('DEL', KEYS[1])
 if ARGV[2] == 'none' then
   return 1
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  if ARGV[2] == 'leave' then
-    redis.call('ZREM', KEYS[2], ARGV[1])
-    redis.call('ZREM', KEYS[3], ARGV[1])
-  end
-  {PURGE}
-  purge(KEYS[2], KEYS[3], now_ms())
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if head then
-    tell(ARGV[3], head)
-  end
+{PURGE}{HAND_ON}
+local leaving = nil
+if ARGV[2] == 'leave' then
+  leaving = ARGV[1]
 end
+hand_on(KEYS[1], KEYS[4], KEYS[2], KEYS[3], KEYS[5], ARGV[3], leaving)
 return 1
 "#
     ))

@@ -11,7 +11,7 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::client::RedisBackend;
 use crate::notify::Subscription;
-use crate::queue::{Ask, Attempt, QueueGuard, queue_member};
+use crate::queue::{Ask, Attempt, QueueGuard, WAITER_TTL, queue_member};
 
 /// A waiter re-checks at least this often, which also keeps its place in the queue.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -24,6 +24,7 @@ impl RedisBackend {
     /// to its own turn channel and tries again at once, so a release between the two is not
     /// missed. Then it is woken only when its turn comes (a connection drop too), and re-checks
     /// when the first holder's TTL runs out and at least every second (which keeps its place).
+    /// A lock's waiter is usually granted by the release itself and holds on its message.
     /// Leaves the queue on timeout, error or cancellation.
     pub(crate) async fn queued(
         &self,
@@ -126,6 +127,27 @@ impl RedisBackend {
             tokio::select! {
                 _ = sub.released() => {}
                 _ = sleep_until((now + wait + jitter).min(deadline)) => {}
+            }
+            if let Some(token) = sub.granted() {
+                // A release granted us the lock for at most our liveness, which our last re-check
+                // (sent at `sent`, answered "busy") set to its arrival + WAITER_TTL: the grant
+                // came later, so it is valid until at least `sent` + `first`. Held on receipt,
+                // unless that leaves too little of the window or replicas must acknowledge it
+                // (`WAIT` needs a write of our own): then the re-check finds it ours and renews
+                // it to the TTL.
+                let first = ttl.min(WAITER_TTL);
+                if self.options.min_replicas == 0 && sent.elapsed() <= first / 4 {
+                    QueueGuard::keep_if_any(queued);
+                    let grant = Grant::own_ttl(
+                        name,
+                        keys.lock,
+                        (secret, holder),
+                        Some(FencingToken(token)),
+                        ttl,
+                        sent,
+                    );
+                    return Ok(grant.with_first_ttl(first));
+                }
             }
         }
     }

@@ -255,6 +255,7 @@ impl ZkBackend {
             ttl: session,
             sent_at: sent,
             session: Some(epoch.lost_signal()),
+            first_ttl: None,
         })
     }
 }

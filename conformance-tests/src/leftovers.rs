@@ -23,6 +23,13 @@ pub async fn redis(admin: &mut impl ConnectionLike, prefix: &str, name: &LockNam
     // left behind too (counted once, so a waiter still counts as one entry).
     let alive = members(admin, keys.alive()).await;
     let stray = alive.iter().filter(|a| !queued.contains(a)).count();
+    // So does a lock waiter's ask (what a release reads to grant it).
+    let asks: Vec<String> = redis::cmd("HKEYS")
+        .arg(keys.asks())
+        .query_async(admin)
+        .await
+        .expect("HKEYS");
+    let stray = stray + asks.iter().filter(|a| !queued.contains(a)).count();
     // Permits and read leases (their fields expire with the hash at the latest).
     let shared: i64 = redis::cmd("HLEN")
         .arg(keys.shared())

@@ -143,3 +143,75 @@ async fn a_flushed_script_cache_on_a_slow_link_costs_no_call() {
         "the release did not find its lock"
     );
 }
+
+/// A waiter cut off while it heads the queue (a process that died, a link gone silent) is
+/// granted the lock by the release all the same, but only for what its liveness has left: the
+/// waiter behind it holds within a few seconds, not the 30 s the dead one asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_to_a_dead_waiter_is_free_once_its_liveness_runs_out() {
+    let server = start(|| RedisServer::start().expect("redis")).await;
+    let proxy = Proxy::start(([127, 0, 0, 1], server.port()).into()).expect("proxy");
+    let direct = || async {
+        LockClient::new(Arc::new(
+            RedisBackend::connect(&server.url(), options())
+                .await
+                .expect("connect"),
+        ))
+    };
+    let (holder, behind) = (direct().await, direct().await);
+    let cut = LockClient::new(Arc::new(
+        RedisBackend::connect(&format!("redis://{}", proxy.addr()), options())
+            .await
+            .expect("connect"),
+    ));
+    let opts = AcquireOptions::with_ttl(Duration::from_secs(30));
+    let held = holder
+        .try_acquire("dead-head", &opts)
+        .await
+        .expect("acquire");
+    let o = opts.clone();
+    let dead =
+        tokio::spawn(async move { cut.acquire("dead-head", &o, Duration::from_secs(60)).await });
+    let keys = lock_keys(
+        &options().prefix,
+        &distlock::LockName::new("dead-head").expect("name"),
+    );
+    let queued = || async {
+        server
+            .command(&format!("ZCARD {}", keys.queue()))
+            .unwrap_or_default()
+    };
+    while !queued().await.starts_with(":1") {
+        sleep(Duration::from_millis(10)).await;
+    }
+    // Subscribed and re-checked, then silent.
+    sleep(Duration::from_millis(200)).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+    let o = opts.clone();
+    let next = tokio::spawn(async move {
+        behind
+            .acquire("dead-head", &o, Duration::from_secs(20))
+            .await
+    });
+    while !queued().await.starts_with(":2") {
+        sleep(Duration::from_millis(10)).await;
+    }
+    let released = tokio::time::Instant::now();
+    assert!(held.release().await.expect("release"));
+    let lease = next.await.expect("task").expect("the live waiter holds");
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_secs(5),
+        "the live waiter waited {waited:?} behind a dead one's grant"
+    );
+    assert!(lease.release().await.expect("release"));
+    // The cut waiter ends one way or the other once its link is back (its lease, if any, goes).
+    proxy.reset();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), dead)
+        .await
+        .expect("the cut waiter ends")
+        .expect("task");
+    if let Ok(lease) = outcome {
+        let _ = lease.release().await;
+    }
+}

@@ -541,3 +541,126 @@ async fn a_watchdog_tick_for_100_leases_is_one_script_call() {
         .expect("PTTL");
     assert!(ttl > 1_000, "the lease was renewed: PTTL {ttl} ms");
 }
+
+/// Waits (up to 5 s) until `n` waiters listen on their own turn channels, then a little longer
+/// for the re-check each sends right after subscribing (counted otherwise).
+async fn until_listening(admin: &mut redis::aio::MultiplexedConnection, n: usize) {
+    for _ in 0..500 {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("*:turn:*")
+            .query_async(admin)
+            .await
+            .expect("PUBSUB CHANNELS");
+        if channels.len() == n {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("not {n} waiters listening");
+}
+
+/// A lock client of its own on `server`.
+async fn own_client(server: &RedisServer) -> LockClient {
+    let backend = RedisBackend::connect(&server.url(), RedisOptions::default())
+        .await
+        .expect("connect");
+    LockClient::new(Arc::new(backend))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_is_the_release_alone_the_waiter_sends_nothing() {
+    let (server, mut admin, locks) = setup().await;
+    let opts = warmed_up(&locks).await;
+    let name = LockName::new("handed").expect("valid");
+    let held = locks
+        .try_acquire(name.as_str(), &opts)
+        .await
+        .expect("acquire");
+    let token = held.fencing_token().expect("token").0;
+    let waiter = own_client(&server).await;
+    // Watched: its first renewal (asking for the 30 s) comes ~1 s after the grant, past the count.
+    let watched = AcquireOptions::with_ttl(Duration::from_secs(30));
+    let task = tokio::spawn(async move {
+        waiter
+            .acquire("handed", &watched, Duration::from_secs(10))
+            .await
+    });
+    until_queued(&mut admin, &name, 1).await;
+    until_listening(&mut admin, 1).await;
+    let before = command_calls(&mut admin).await;
+    assert!(held.release().await.expect("release"));
+    let lease = task.await.expect("waiter").expect("granted");
+    let after = command_calls(&mut admin).await;
+    // The release's script grants the head and publishes the grant; the waiter holds on it.
+    assert_eq!(
+        ran(&before, &after).get("evalsha"),
+        Some(&1),
+        "script calls per hand-over: {:?}",
+        ran(&before, &after)
+    );
+    assert!(lease.fencing_token().expect("token").0 > token);
+    // The server gave the grant the waiter's liveness at most, not its 30 s TTL...
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lease.backend_key())
+        .query_async(&mut admin)
+        .await
+        .expect("PTTL");
+    assert!(
+        (1..=3_000).contains(&pttl),
+        "a handed-on grant lives {pttl} ms"
+    );
+    // ... and the lease's first renewal moves it to the TTL asked for.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lease.backend_key())
+        .query_async(&mut admin)
+        .await
+        .expect("PTTL");
+    assert!(pttl > 25_000, "renewed to the 30 s asked for: {pttl} ms");
+    assert!(lease.lost_reason().is_none());
+    assert!(lease.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_overs_along_100_waiters_cost_one_script_call_each() {
+    let (server, mut admin, locks) = setup().await;
+    let opts = warmed_up(&locks).await;
+    let name = LockName::new("chain").expect("valid");
+    let held = locks
+        .try_acquire(name.as_str(), &opts)
+        .await
+        .expect("acquire");
+    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+    // Each waiter on a client of its own, holding once and letting go at once.
+    for _ in 0..100 {
+        let (waiter, done) = (own_client(&server).await, done.clone());
+        tokio::spawn(async move {
+            let watched = AcquireOptions::with_ttl(Duration::from_secs(30));
+            let lease = waiter
+                .acquire("chain", &watched, Duration::from_secs(20))
+                .await;
+            let released = match lease {
+                Ok(lease) => lease.release().await.is_ok_and(|r| r),
+                Err(_) => false,
+            };
+            let _ = done.send(released);
+        });
+    }
+    until_queued(&mut admin, &name, 100).await;
+    until_listening(&mut admin, 100).await;
+    let before = script_calls(&mut admin).await;
+    assert!(held.release().await.expect("release"));
+    for _ in 0..100 {
+        let released = tokio::time::timeout(Duration::from_secs(10), finished.recv())
+            .await
+            .expect("every waiter is granted in turn")
+            .expect("a waiter");
+        assert!(released, "a waiter was not granted, or lost its grant");
+    }
+    let calls = script_calls(&mut admin).await - before;
+    // 101 releases, each granting the next waiter; a waiter's once-a-second re-check may fall
+    // inside the chain (a handful). Asking after each "your turn" would double it.
+    assert!(calls <= 101 + 20, "{calls} script calls for 100 hand-overs");
+}

@@ -48,6 +48,13 @@ pub struct Grant {
     /// Fires when the backend session carrying this grant dies (etcd lease, ZooKeeper session);
     /// `None` when the grant has no session beyond its own TTL.
     pub session: Option<LostSignal>,
+    /// The TTL the grant itself got, when shorter than `ttl`: a grant another request made on
+    /// the waiter's behalf (a release that hands the lock on), bounded by the waiter's liveness
+    /// so a waiter that died never strands it for a full TTL. The first validity window counts
+    /// this from `sent_at`; the first renewal (asking for `ttl`) falls inside it, and a lease
+    /// that never renews by itself ([`crate::LeaseMode::Fixed`]) is renewed to `ttl` before
+    /// the acquire returns. `None`: the grant got `ttl`.
+    pub first_ttl: Option<Duration>,
 }
 
 impl Grant {
@@ -72,7 +79,17 @@ impl Grant {
             ttl,
             sent_at,
             session: None,
+            first_ttl: None,
         }
+    }
+
+    /// This grant, given only `first` (shorter than its TTL) by the server: see
+    /// [`Grant::first_ttl`].
+    pub fn with_first_ttl(mut self, first: Duration) -> Grant {
+        if first < self.ttl {
+            self.first_ttl = Some(first);
+        }
+        self
     }
 }
 

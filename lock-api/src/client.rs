@@ -12,6 +12,7 @@ use crate::deadline::deadline_in;
 use crate::error::{LockError, Result};
 use crate::guarantee::{Capabilities, Guarantee};
 use crate::lease::{Lease, LeaseShared, LeaseState};
+use crate::margins::LeaseMode;
 use crate::name::LockName;
 use crate::options::AcquireOptions;
 use crate::owner::HoldKey;
@@ -217,9 +218,15 @@ impl LockClient {
             (None, None) => self.backend.try_acquire(&name, ttl).await?,
             (None, Some(d)) => self.backend.acquire(&name, ttl, d).await?,
         };
-        // From here to the return there is no await: a dropped future cannot leak the grant,
-        // because the lease (whose Drop releases) exists before any suspension point.
+        // From here to the return there is no await but the confirmation below: a dropped
+        // future cannot leak the grant, because the lease (whose Drop releases) exists before
+        // any suspension point.
+        let fixed_first = grant.first_ttl.is_some() && opts.mode == LeaseMode::Fixed;
         let lease = self.wrap(grant, opts, runtime, hold_key);
+        if fixed_first {
+            // No watchdog will move a short first window to the TTL this lease was asked for.
+            lease.renew(ttl).await?;
+        }
         if opts.guarantee == Guarantee::Correctness && lease.fencing_token().is_none() {
             return Err(LockError::unsupported_guarantee(
                 self.backend.kind(),
@@ -264,10 +271,13 @@ impl LockClient {
                 released: false,
             }),
         });
-        shared.extend(grant.sent_at, grant.ttl);
+        let first = grant.first_ttl.unwrap_or(grant.ttl);
+        shared.extend(grant.sent_at, first);
+        // Renewals ask for the TTL the lease was granted for, not the shorter first one.
+        shared.state().ttl = grant.ttl;
         crate::metrics::lease_started(self.backend.kind());
         self.watchdog
-            .join(member, &shared, grant.sent_at, grant.session);
+            .join(member, &shared, (grant.sent_at, first), grant.session);
         if let Some(owner) = &opts.owner {
             owner.insert(hold_key, shared.clone());
         }

@@ -120,22 +120,31 @@ impl Watchdog {
         m.next_id
     }
 
-    /// Starts watching `lease`; its first renewal is due one period after `sent_at`; the loss of
+    /// Starts watching `lease`, granted `first` from `sent_at`: its first renewal is due one
+    /// period after `sent_at`, or halfway through the first validity window when that is shorter
+    /// (a grant given less than the lease's TTL, [`crate::Grant::first_ttl`]); the loss of
     /// `session` (if the lease lives on one) fires the lease's lost signal.
     pub(crate) fn join(
         self: &Arc<Self>,
         id: u64,
         lease: &Arc<LeaseShared>,
-        sent_at: Instant,
+        (sent_at, first): (Instant, Duration),
         session: Option<LostSignal>,
     ) {
         let (deadline, ttl) = {
             let st = lease.state();
             (st.deadline, st.ttl)
         };
+        let first_period = |p: Duration| {
+            if first < ttl {
+                p.min(lease.margins.window(first) / 2)
+            } else {
+                p
+            }
+        };
         let member = Member {
             lease: Arc::downgrade(lease),
-            due: lease.renew_period(ttl).map(|p| sent_at + p),
+            due: lease.renew_period(ttl).map(|p| sent_at + first_period(p)),
             deadline,
             in_flight: false,
             session: session.clone(),
