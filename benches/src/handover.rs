@@ -84,11 +84,23 @@ impl Waiter {
 type Events = (Vec<(Instant, usize)>, Vec<(Instant, usize)>);
 
 /// Runs the waiters until `grants` grants happened or `budget` passed.
+/// See [`counted_handover`].
+pub async fn handover(waiters: Vec<Waiter>, name: &str, grants: usize, budget: Duration) -> Stats {
+    counted_handover(waiters, name, grants, budget).await.0
+}
+
+/// Runs the waiters until `grants` grants happened or `budget` passed; also returns how many
+/// grants there were.
 ///
 /// Holds are strictly sequential (that is the lock's job), so the k-th grant in time follows the
 /// (k-1)-th release in time: latencies pair them up after the run, which stays right when a
 /// grant is handed over before the releasing call has even returned (in-process store).
-pub async fn handover(waiters: Vec<Waiter>, name: &str, grants: usize, budget: Duration) -> Stats {
+pub async fn counted_handover(
+    waiters: Vec<Waiter>,
+    name: &str,
+    grants: usize,
+    budget: Duration,
+) -> (Stats, usize) {
     let events: Arc<Mutex<Events>> = Arc::default();
     let granted = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -128,5 +140,5 @@ pub async fn handover(waiters: Vec<Waiter>, name: &str, grants: usize, budget: D
         .filter(|((_, to), (_, from))| to != from)
         .map(|((at, _), (released, _))| at.saturating_duration_since(*released))
         .collect();
-    stats(samples, elapsed)
+    (stats(samples, elapsed), grants_at.len())
 }

@@ -33,7 +33,7 @@ use distlock_conformance::harness::{
     EtcdCluster, LatencyLink, PostgresServer, RedisMasters, RedisServer, ZkEnsemble,
 };
 
-use crate::handover::{Waiter, handover};
+use crate::handover::{Waiter, counted_handover, handover};
 use crate::report::{Election, Handover, Network, Primitives, Report, Scale, Uncontended};
 use crate::rtt::Ping;
 use crate::scale::Counter;
@@ -315,6 +315,7 @@ async fn lock_tables(t: &Target, size: Size, out: &mut Network) {
     let grants = size.grants / t.slow;
     for clients in [8, 64] {
         let (mut ours_runs, mut peer_runs) = (Vec::new(), Vec::new());
+        let (mut requests, mut handed) = (Some(0.0), 0);
         for round in 0..size.rounds {
             // Ours and the peer alternate, each round started by the other one, with the same
             // number of grants: a slow phase of the machine (a disk stall, a busy neighbour)
@@ -327,7 +328,13 @@ async fn lock_tables(t: &Target, size: Size, out: &mut Network) {
                             waiters.push(Waiter::ours(connect(&t.url).await));
                         }
                         let name = format!("bench/handover/{clients}");
-                        ours_runs.push(handover(waiters, &name, grants, size.budget).await);
+                        let before = t.counter.requests().await;
+                        let (stats, n) =
+                            counted_handover(waiters, &name, grants, size.budget).await;
+                        let after = t.counter.requests().await;
+                        requests = requests.zip(before.zip(after)).map(|(r, (b, a))| r + a - b);
+                        handed += n;
+                        ours_runs.push(stats);
                     }
                     (true, Some((_, peer))) => {
                         let mut waiters = Vec::new();
@@ -346,6 +353,7 @@ async fn lock_tables(t: &Target, size: Size, out: &mut Network) {
             clients,
             stats: median(&ours_runs),
             rtt_p50_us: rtt,
+            requests_per_handover: requests.map(|r| r / handed.max(1) as f64),
         });
         if let Some((label, _)) = &t.peer {
             out.handover.push(Handover {
@@ -353,6 +361,7 @@ async fn lock_tables(t: &Target, size: Size, out: &mut Network) {
                 clients,
                 stats: median(&peer_runs),
                 rtt_p50_us: rtt,
+                requests_per_handover: None,
             });
         }
     }
@@ -540,7 +549,13 @@ async fn main() {
             delay_us,
             rounds,
         );
-        let mut targets = backends(&linked, [Counter::None, Counter::None, Counter::None]).await;
+        // The counters read the servers directly, as on loopback.
+        let counters = [
+            Counter::Redis(redis.admin().await.expect("admin")),
+            Counter::Etcd(etcd.metrics_ports[0]),
+            Counter::Zk(zk.client_ports[0]),
+        ];
+        let mut targets = backends(&linked, counters).await;
         retain_only(&mut targets, only.as_deref());
         for t in &mut targets {
             eprintln!("== {}, {}", t.label, network.label);

@@ -48,9 +48,19 @@ pub struct Handover {
     pub stats: Stats,
     /// One plain read round trip of the backend, p50 microseconds.
     pub rtt_p50_us: Option<f64>,
+    /// Requests the server received per hand-over (see `scale::Counter::requests`); `None`
+    /// where the bench does not count them (a peer, Redlock, PostgreSQL, the in-process store).
+    #[serde(default)]
+    pub requests_per_handover: Option<f64>,
 }
 
 impl Handover {
+    /// Hand-overs per round trip: at best about one, since the release has to reach the server
+    /// and the grant the waiter (half a round trip each).
+    pub fn per_rtt(&self) -> Option<f64> {
+        self.rtt_p50_us.map(|r| self.stats.per_sec * r / 1e6)
+    }
+
     /// p99 over the larger of p50 and one round trip: a grant on the holder's delete event can
     /// come before the holder's release call returns (a p50 of 0), which no ratio to p50 judges.
     pub fn tail(&self) -> f64 {
@@ -193,16 +203,18 @@ impl Network {
                  client's release call to another client's grant. Ours and the peer run the same \
                  number of grants in alternating rounds, each round started by the other one. \
                  RTT = one plain read round trip of the backend (Redis `PING`, etcd `get`, ZooKeeper `exists`; Redlock: all masters \
-                 at once).\n\n",
+                 at once). Hand-overs per RTT = hand-overs/s x RTT: the floor is about 1 (the release reaches the server, the grant \
+                 the waiter: half a round trip each). Requests per hand-over are counted by the server over our runs (Redis: script \
+                 calls and (un)subscribes; etcd: every message received; ZooKeeper: packets, pings included).\n\n",
             );
         }
         md.push_str(
-            "| backend | clients | hand-overs/s | p50 | p99 | p99 / max(p50, RTT) | RTT p50 | p50 / RTT |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| backend | clients | hand-overs/s | p50 | p99 | p99 / max(p50, RTT) | RTT p50 | p50 / RTT | hand-overs per RTT | requests per hand-over |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for h in &self.handover {
             md.push_str(&format!(
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {} | {} | {} | {} |\n",
                 h.backend,
                 h.clients,
                 h.stats.per_sec,
@@ -211,6 +223,8 @@ impl Network {
                 h.tail(),
                 opt(h.rtt_p50_us, 0),
                 opt(h.rtt_p50_us.map(|r| h.stats.p50_us / r), 1),
+                opt(h.per_rtt(), 2),
+                opt(h.requests_per_handover, 1),
             ));
         }
         md
@@ -252,6 +266,20 @@ impl Network {
                 h.clients,
                 mark(tail <= 10.0)
             ));
+            // The round-trip floor, judged where a round trip is a datacenter's, not loopback's.
+            let floor = match h.backend.as_str() {
+                "redis" | "etcd" | "zk" => Some(0.5),
+                b if b.starts_with("redlock") => Some(0.3),
+                _ => None,
+            };
+            if let (Some(floor), Some(per_rtt), false) = (floor, h.per_rtt(), at == "loopback") {
+                out.push_str(&format!(
+                    "| hand-overs per RTT >= {floor}, {} x{} ({at}) | {per_rtt:.2} | {} |\n",
+                    h.backend,
+                    h.clients,
+                    mark(per_rtt >= floor)
+                ));
+            }
             if h.backend == "etcd" && h.clients == 8 {
                 out.push_str(&format!(
                     "| etcd x8 >= 400 holder changes/s ({at}) | {:.0} | {} |\n",

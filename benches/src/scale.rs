@@ -59,28 +59,7 @@ impl Counter {
     pub async fn read(&self) -> Option<f64> {
         match self {
             Counter::None => None,
-            Counter::Redis(c) => {
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query_async(&mut c.clone())
-                    .await
-                    .expect("INFO");
-                Some(
-                    info.lines()
-                        .filter(|l| {
-                            l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:")
-                        })
-                        .filter_map(|l| {
-                            l.split("calls=")
-                                .nth(1)?
-                                .split(',')
-                                .next()?
-                                .parse::<f64>()
-                                .ok()
-                        })
-                        .sum(),
-                )
-            }
+            Counter::Redis(c) => Some(redis_calls(c, &["evalsha", "eval"]).await),
             Counter::Etcd(port) => {
                 let port = *port;
                 tokio::task::spawn_blocking(move || {
@@ -111,6 +90,49 @@ impl Counter {
             }
         }
     }
+
+    /// Every request clients sent so far, as the server counts them, or `None` without a
+    /// server: on Redis script calls and (un)subscribes (the commands a script runs are counted
+    /// apart from them); on etcd every message received, unary requests and stream messages
+    /// alike; on ZooKeeper every packet received.
+    pub async fn requests(&self) -> Option<f64> {
+        match self {
+            Counter::None => None,
+            Counter::Redis(c) => {
+                Some(redis_calls(c, &["evalsha", "eval", "subscribe", "unsubscribe"]).await)
+            }
+            Counter::Etcd(port) => {
+                let port = *port;
+                tokio::task::spawn_blocking(move || {
+                    metric_sum(port, &[("grpc_server_msg_received_total", "")])
+                })
+                .await
+                .expect("metrics")
+            }
+            Counter::Zk(_) => self.read().await,
+        }
+    }
+}
+
+/// Calls of `commands` so far, by Redis `INFO commandstats` (lines `cmdstat_<c>:calls=<n>,...`).
+async fn redis_calls(conn: &redis::aio::MultiplexedConnection, commands: &[&str]) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            commands.contains(&name).then_some(())?;
+            rest.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// Held leases with the watchdog on.
