@@ -11,8 +11,8 @@ use tokio::time::timeout;
 use crate::config::redact;
 use crate::config::{RedisLayout, RedisOptions, RedisTopology};
 use crate::conn::{Conn, Pushes};
-use crate::keys::{LockKeys, lock_keys, plain_keys};
-use crate::notify::{Notifier, Subscription};
+use crate::keys::{LockKeys, grants_channel, lock_keys, plain_keys};
+use crate::notify::{Notifier, Subscription, Turn, TurnChannel};
 use crate::scripts::Call;
 
 /// A lock client over one Redis deployment: a single server ([`RedisBackend::connect`]), a Redis
@@ -28,6 +28,8 @@ use crate::scripts::Call;
 pub struct RedisBackend {
     pub(crate) conn: Conn,
     pub(crate) notifier: Arc<Notifier>,
+    /// This client's turn channel, where its lock's waiters hear their grants.
+    pub(crate) turns: Arc<TurnChannel>,
     pub(crate) options: RedisOptions,
     pub(crate) server: String,
     /// On the plain layout, the keyspace channel prefix (`__keyspace@<db>__:`) when the server
@@ -83,6 +85,7 @@ impl RedisBackend {
         Ok(RedisBackend {
             conn,
             notifier,
+            turns: turn_channel(&options),
             options,
             server,
             keyspace,
@@ -123,6 +126,7 @@ impl RedisBackend {
         Ok(RedisBackend {
             conn,
             notifier,
+            turns: turn_channel(&options),
             options,
             server,
             // Keyspace events are per node (Cluster) and per server (a Sentinel failover moves
@@ -186,6 +190,7 @@ impl RedisBackend {
         Ok(RedisBackend {
             conn,
             notifier,
+            turns: turn_channel(&options),
             options,
             server,
             // Keyspace events are per node (Cluster) and per server (a Sentinel failover moves
@@ -198,6 +203,16 @@ impl RedisBackend {
     /// hear there the releases their arbiter could not tell them.
     pub(crate) async fn subscribe_releases(&self, keys: &LockKeys) -> Result<Subscription> {
         self.subscribe(&keys.channel().to_string()).await
+    }
+
+    /// Listens for a grant to the lock's waiter `secret` on this client's turn channel,
+    /// subscribing it first if this is the client's first waiter (once: it stays subscribed).
+    pub(crate) async fn turn(&self, secret: &OwnerSecret) -> Result<Turn> {
+        self.turns
+            .subscribed
+            .get_or_try_init(|| self.subscribe(&self.turns.name))
+            .await?;
+        Ok(self.notifier.turn(&secret.expose_hex()))
     }
 
     /// Joins the waiter `secret`'s own "your turn" channel for `keys`' lock.
@@ -344,4 +359,12 @@ async fn keyspace_events(conn: &Conn, options: &RedisOptions, db: i64) -> Option
     };
     let has = |c: char| flags.contains(c);
     (has('K') && (has('A') || (has('g') && has('x')))).then(|| format!("__keyspace@{db}__:"))
+}
+
+/// A new client's turn channel, named by a random id under its prefix.
+fn turn_channel(options: &RedisOptions) -> Arc<TurnChannel> {
+    Arc::new(TurnChannel {
+        name: grants_channel(&options.prefix, rand::random()),
+        subscribed: tokio::sync::OnceCell::new(),
+    })
 }

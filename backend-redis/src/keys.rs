@@ -9,6 +9,7 @@
 //! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
 //! | `{p:B}:released:<encoded n>` | pub/sub channel | on Redlock nodes, a message at every release (Redlock waiters listen there; they do not queue) |
 //! | `{p:B}:turn:<owner secret hex>` | pub/sub channel | "your turn", to the one queued waiter a release (or a departure) hands the lock to |
+//! | `{p:grants}:<client id>` | pub/sub channel | one client's: `g<token>:<owner secret hex>`, a grant a release made to one of its lock's waiters |
 //! | `{p:B}:leader:<encoded n>` | pub/sub channel | a message at every announcement of an election's leader (observers listen there) |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
@@ -116,6 +117,14 @@ impl LockKeys {
     pub fn turn(&self) -> Key<'_> {
         self.key("turn:", false)
     }
+}
+
+/// The turn channel of one client (`id`: random, 32 hex digits) under `prefix`. It starts with
+/// `{p:` as every key and channel of the prefix does (one ACL pattern covers them all); its tag
+/// is no bucket's, since a client's waiters wait on names of every slot (pub/sub reaches every
+/// Cluster node).
+pub fn grants_channel(prefix: &str, id: u128) -> String {
+    format!("{{{prefix}:grants}}:{id:032x}")
 }
 
 /// The part of the lock key between the tag and the name.

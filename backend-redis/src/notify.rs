@@ -1,6 +1,8 @@
 //! Release notifications: one subscription per channel per client, shared by all its waiters,
 //! carried as RESP3 pushes on the client's one connection (no extra subscriber connection). A
-//! queued waiter listens on its own turn channel; Redlock waiters on the name's channel.
+//! lock's queued waiter is told of its grant on its client's turn channel, subscribed once for
+//! the client's life; other queued waiters listen on their own turn channels; Redlock waiters on
+//! the name's channel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,27 +12,30 @@ use tokio::sync::watch;
 
 use crate::conn::{Conn, Pushes};
 
-/// What a channel's listeners heard.
-#[derive(Default)]
-struct Heard {
-    /// Bumped by every message: a waiter that was busy when it came still sees the change.
-    messages: u64,
-    /// The fencing token of a grant a release made to this turn channel's waiter (a `g<token>`
-    /// message, [`crate::scripts::RELEASE`]).
-    grant: Option<u64>,
-}
-
 struct Channel {
-    releases: watch::Sender<Heard>,
+    /// Bumped by every message: a waiter that was busy when it came still sees the change.
+    releases: watch::Sender<u64>,
     waiters: usize,
     /// The server confirmed our SUBSCRIBE (and no UNSUBSCRIBE was sent since).
     subscribed: bool,
+}
+
+/// What a lock's waiter heard on its client's turn channel.
+#[derive(Default)]
+struct Heard {
+    /// Bumped by every wake-up (a connection drop): the waiter re-checks.
+    wakes: u64,
+    /// The fencing token of the grant a release made to it ([`crate::scripts::RELEASE`]).
+    grant: Option<u64>,
 }
 
 /// Routes release messages to the waiters of each channel.
 #[derive(Default)]
 pub(crate) struct Notifier {
     channels: Mutex<HashMap<String, Channel>>,
+    /// The lock's waiters of this client, by owner secret (hex): a grant on the client's turn
+    /// channel names the secret it was made to.
+    turns: Mutex<HashMap<String, watch::Sender<Heard>>>,
     /// Held while a SUBSCRIBE or UNSUBSCRIBE is decided and sent, so a late unsubscribe can
     /// never overtake the subscribe of a waiter that joined after the last one left.
     commands: tokio::sync::Mutex<()>,
@@ -39,6 +44,23 @@ pub(crate) struct Notifier {
 impl Notifier {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
         self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn turns(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<Heard>>> {
+        self.turns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Listens for a grant to the lock's waiter `secret` (hex) on the client's turn channel,
+    /// which the caller keeps subscribed. Local only: no request.
+    pub(crate) fn turn(self: &Arc<Self>, secret: &str) -> Turn {
+        let heard = watch::Sender::new(Heard::default());
+        let rx = heard.subscribe();
+        self.turns().insert(secret.to_string(), heard);
+        Turn {
+            notifier: self.clone(),
+            secret: secret.to_string(),
+            heard: rx,
+        }
     }
 
     /// Joins the waiters of `channel`, and returns once the connection is subscribed to it:
@@ -55,7 +77,7 @@ impl Notifier {
             let c = channels
                 .entry(channel.to_string())
                 .or_insert_with(|| Channel {
-                    releases: watch::Sender::new(Heard::default()),
+                    releases: watch::Sender::new(0),
                     waiters: 0,
                     subscribed: false,
                 });
@@ -86,6 +108,19 @@ impl Notifier {
 impl Pushes for Notifier {
     /// Called by the connection for every push; must not block.
     fn on_push(&self, push: PushInfo) {
+        // `g<token>:<secret>`: a grant to one of our lock's waiters.
+        if push.kind == PushKind::Message
+            && let Some(Value::BulkString(m)) = push.data.get(1)
+            && let Some((token, secret)) = m
+                .strip_prefix(b"g")
+                .and_then(|g| std::str::from_utf8(g).ok()?.split_once(':'))
+            && let Ok(token) = token.parse::<u64>()
+        {
+            if let Some(heard) = self.turns().get(secret) {
+                heard.send_modify(|h| h.grant = Some(token));
+            }
+            return;
+        }
         let channels = self.lock();
         match push.kind {
             PushKind::Message => {
@@ -93,21 +128,15 @@ impl Pushes for Notifier {
                     && let Ok(name) = std::str::from_utf8(name)
                     && let Some(c) = channels.get(name)
                 {
-                    let grant = match push.data.get(1) {
-                        Some(Value::BulkString(m)) => m
-                            .strip_prefix(b"g")
-                            .and_then(|t| std::str::from_utf8(t).ok()?.parse().ok()),
-                        _ => None,
-                    };
-                    c.releases.send_modify(|h| {
-                        h.messages += 1;
-                        h.grant = grant.or(h.grant);
-                    });
+                    c.releases.send_modify(|n| *n += 1);
                 }
             }
             // The connection dropped: a release may have been missed, so every waiter retries now
             // (the connection re-subscribes by itself when it comes back).
-            PushKind::Disconnection => wake(&channels),
+            PushKind::Disconnection => {
+                wake(&channels);
+                self.wake_turns();
+            }
             _ => {}
         }
     }
@@ -115,6 +144,7 @@ impl Pushes for Notifier {
     /// Every waiter retries now (the connection moved to another server).
     fn wake_all(&self) {
         wake(&self.lock());
+        self.wake_turns();
     }
 
     /// The channels someone waits on.
@@ -123,10 +153,19 @@ impl Pushes for Notifier {
     }
 }
 
+impl Notifier {
+    /// Every lock's waiter re-checks (a grant sent meanwhile may be lost).
+    fn wake_turns(&self) {
+        for heard in self.turns().values() {
+            heard.send_modify(|h| h.wakes += 1);
+        }
+    }
+}
+
 /// Every waiter of every channel retries.
 fn wake(channels: &HashMap<String, Channel>) {
     for c in channels.values() {
-        c.releases.send_modify(|h| h.messages += 1);
+        c.releases.send_modify(|n| *n += 1);
     }
 }
 
@@ -135,7 +174,7 @@ pub(crate) struct Subscription {
     notifier: Arc<Notifier>,
     channel: String,
     conn: Conn,
-    releases: watch::Receiver<Heard>,
+    releases: watch::Receiver<u64>,
 }
 
 impl Subscription {
@@ -147,12 +186,6 @@ impl Subscription {
         if self.releases.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
-    }
-
-    /// The fencing token of the grant a release made to us, if one was heard: the lock is ours
-    /// ([`crate::scripts::RELEASE`]).
-    pub(crate) fn granted(&self) -> Option<u64> {
-        self.releases.borrow().grant
     }
 
     /// Forgets the messages so far: the next [`Subscription::released`] waits for a new one.
@@ -192,4 +225,42 @@ impl Drop for Subscription {
             });
         }
     }
+}
+
+/// A lock's waiter listening for its grant ([`Notifier::turn`]); dropping it stops listening.
+pub(crate) struct Turn {
+    notifier: Arc<Notifier>,
+    secret: String,
+    heard: watch::Receiver<Heard>,
+}
+
+impl Turn {
+    /// Resolves at the next grant or wake-up after the last call.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: what arrives while nobody waits is kept for the next call.
+    pub(crate) async fn released(&mut self) {
+        if self.heard.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The fencing token of the grant a release made to us, if one was heard: the lock is ours.
+    pub(crate) fn granted(&self) -> Option<u64> {
+        self.heard.borrow().grant
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.notifier.turns().remove(&self.secret);
+    }
+}
+
+/// The client's own turn channel ([`crate::keys::grants_channel`]), subscribed at its first
+/// waiting acquire and for the rest of its life: a lock's waiter then sends nothing to listen
+/// (no SUBSCRIBE, no UNSUBSCRIBE, which measured a round trip on the releasing holder's path).
+pub(crate) struct TurnChannel {
+    pub(crate) name: String,
+    pub(crate) subscribed: tokio::sync::OnceCell<Subscription>,
 }

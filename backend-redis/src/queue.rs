@@ -107,12 +107,12 @@ impl RedisBackend {
         let call = match ask {
             Ask::Fenced { waiting } => {
                 let mut call = queue_call(&scripts::ACQUIRE, false, waiting, WAITER_TTL);
-                call.arg(0u8).arg(&who);
+                call.arg(0u8).arg(&who).arg(&self.turns.name);
                 Some(call)
             }
             Ask::Arbiter { waiter_ttl } => {
                 let mut call = queue_call(&scripts::ACQUIRE, false, true, waiter_ttl);
-                call.arg(1u8).arg(&who);
+                call.arg(1u8).arg(&who).arg("");
                 Some(call)
             }
             Ask::Admitted { admission, waiting } => {

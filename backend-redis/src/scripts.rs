@@ -180,8 +180,8 @@ end
 /// * grants the lock to the live head when it is a lock's waiter (its ask is in `asks`): INCR
 ///   the counter, `SET` the head's value for its TTL but no longer than its liveness has left
 ///   (a waiter that died meanwhile holds it up no longer than a dead waiter holds up the queue),
-///   take it out of the queue, and publish `g<token>` on its turn channel: the waiter holds on
-///   receipt, with no request of its own. Its validity counts from the send time of its last
+///   take it out of the queue, and publish `g<token>:<secret>` on its client's turn channel
+///   (`grants`): the waiter holds on receipt, with no request of its own. Its validity counts from the send time of its last
 ///   re-check, which set that liveness (see `wait`);
 /// * else tells the head "your turn" (a semaphore's or a read-write lock's waiter, a Redlock
 ///   arbiter's, or one that queued before asks existed), as before.
@@ -206,18 +206,18 @@ local function hand_on(lock, fence, queue, alive, asks, turn, leaving)
     tell(turn, head)
     return
   end
-  local ttl, who = string.match(ask, '^(%d+)(.*)$')
+  local ttl, who, grants = string.match(ask, '^(%d+):([^:]*):(.+)$')
   local token = redis.call('INCR', fence)
   redis.call('SET', lock, head .. ':' .. token .. who, 'PX', math.min(tonumber(ttl), live - now))
   redis.call('ZREM', queue, head)
   redis.call('ZREM', alive, head)
   redis.call('HDEL', asks, head)
-  redis.call('PUBLISH', turn .. string.sub(head, 1, 32), 'g' .. token)
+  redis.call('PUBLISH', grants, 'g' .. token .. ':' .. head)
 end
 "#;
 
 /// KEYS: lock, fence, queue, alive, asks. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms,
-/// turn channel prefix, arbiter (0/1), holder segment.
+/// turn channel prefix, arbiter (0/1), holder segment, the client's turn channel (`grants`).
 /// * Nobody queued and the lock free (the common case): INCR the bucket counter, `SET NX PX`,
 ///   return `{1, token}`. Three commands and no read, because on this path every extra command
 ///   measurably costs throughput (each `redis.call` is ~1-3 us of server time against a ~100 us
@@ -228,7 +228,7 @@ end
 ///   our queue and wakes none of our waiters): return `{-4, 0}`, refused (nothing joined). Not on
 ///   a Redlock arbiter, whose queue is Redlock's own: there it is a holder like any other.
 /// * Held by another: a waiter joins the queue (arrival order, first join only, with its ask:
-///   TTL and holder segment, which a release needs to grant it, [`HAND_ON`]) and refreshes its
+///   `<ttl>:<holder>:<grants channel>`, what a release needs to grant it, [`HAND_ON`]) and refreshes its
 ///   liveness; return `{0, pttl}` (the next re-check bound). A re-check that finds the lock
 ///   handed to it already takes the case above.
 /// * Free, but a live waiter other than us heads the queue: it is promised to that waiter; a
@@ -276,7 +276,7 @@ end
 local function join(live)
   if waiting then
     if redis.call('ZADD', queue, 'NX', arrival, me) == 1 and not arbiter then
-      redis.call('HSET', asks, me, ttl .. ARGV[7])
+      redis.call('HSET', asks, me, ttl .. ':' .. ARGV[7] .. ':' .. ARGV[8])
     end
     redis.call('ZADD', alive, now + live, me)
     redis.call('PEXPIRE', queue, wttl)

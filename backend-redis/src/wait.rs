@@ -10,7 +10,7 @@ use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
 use crate::client::RedisBackend;
-use crate::notify::Subscription;
+use crate::notify::{Subscription, Turn};
 use crate::queue::{Ask, Attempt, QueueGuard, WAITER_TTL, queue_member};
 
 /// A waiter re-checks at least this often, which also keeps its place in the queue.
@@ -19,13 +19,15 @@ const RECHECK: Duration = Duration::from_secs(1);
 impl RedisBackend {
     /// The one queue: a lock's entry (`admission` `None`: [`scripts::ACQUIRE`]) or one admitted
     /// by a policy ([`scripts::ADMIT`]). Without a deadline, one try: `Busy` unless granted,
-    /// nothing queued. Else it waits in the name's queue. The first try goes out alone (an
-    /// uncontended acquire is one script call); when it is not admitted, the waiter subscribes
-    /// to its own turn channel and tries again at once, so a release between the two is not
-    /// missed. Then it is woken only when its turn comes (a connection drop too), and re-checks
-    /// when the first holder's TTL runs out and at least every second (which keeps its place).
-    /// A lock's waiter is usually granted by the release itself and holds on its message.
-    /// Leaves the queue on timeout, error or cancellation.
+    /// nothing queued. Else it waits in the name's queue. A lock's waiter listens on its
+    /// client's turn channel (subscribed once per client) before its first try, which goes out
+    /// alone; a release then grants it the lock and it holds on the message, sending nothing.
+    /// Another policy's first try goes out alone (an uncontended acquire is one script call);
+    /// when it is not admitted, the waiter subscribes to its own turn channel and tries again
+    /// at once, so a release between the two is not missed. Then it is woken only when its turn
+    /// comes (a connection drop too), and re-checks when the first holder's TTL runs out and at
+    /// least every second (which keeps its place). Leaves the queue on timeout, error or
+    /// cancellation.
     pub(crate) async fn queued(
         &self,
         name: &LockName,
@@ -37,8 +39,11 @@ impl RedisBackend {
         let secret = OwnerSecret::random()?;
         let holder = HolderInfo::now();
         let started = Instant::now();
-        let mut released: Option<Subscription> = None;
         let waiting = deadline.is_some();
+        let mut released = match admission {
+            None if waiting => Some(Listener::Turn(self.turn(&secret).await?)),
+            _ => None,
+        };
         let ask = match admission {
             None => Ask::Fenced { waiting },
             Some(admission) => Ask::Admitted { admission, waiting },
@@ -110,7 +115,7 @@ impl RedisBackend {
             }
             let Some(sub) = released.as_mut() else {
                 match self.subscribe_turn(&keys, &secret).await {
-                    Ok(sub) => released = Some(sub),
+                    Ok(sub) => released = Some(Listener::Own(sub)),
                     Err(e) => {
                         if let Some(q) = queued {
                             q.leave().await;
@@ -149,6 +154,32 @@ impl RedisBackend {
                     return Ok(grant.with_first_ttl(first));
                 }
             }
+        }
+    }
+}
+
+/// How a waiter hears that its turn came.
+enum Listener {
+    /// A lock's waiter: its grant, on its client's turn channel.
+    Turn(Turn),
+    /// Another policy's waiter: "your turn", on its own channel.
+    Own(Subscription),
+}
+
+impl Listener {
+    /// Resolves at the next message (or connection drop). Cancel safe.
+    async fn released(&mut self) {
+        match self {
+            Listener::Turn(t) => t.released().await,
+            Listener::Own(s) => s.released().await,
+        }
+    }
+
+    /// The fencing token of a grant a release made to us, if one was heard.
+    fn granted(&self) -> Option<u64> {
+        match self {
+            Listener::Turn(t) => t.granted(),
+            Listener::Own(_) => None,
         }
     }
 }

@@ -34,7 +34,7 @@ use distlock_conformance::harness::{
 };
 
 use crate::handover::{Waiter, counted_handover, handover};
-use crate::report::{Election, Handover, Network, Primitives, Report, Scale, Uncontended};
+use crate::report::{Crowd, Election, Handover, Network, Primitives, Report, Scale, Uncontended};
 use crate::rtt::Ping;
 use crate::scale::Counter;
 use crate::stats::{Stats, median};
@@ -62,6 +62,9 @@ const NETWORK_ROUNDS: usize = 3;
 /// Candidates of the election run (a control plane's replica count).
 const CANDIDATES: usize = 3;
 
+/// The crowd run: this many waiters on one name, each its own client (connection or session).
+pub(crate) const WAITERS: usize = 1_000;
+
 /// The semaphore run: this many contenders on a semaphore of `PERMITS`; the read-write mix
 /// runs as many clients.
 const CONTENDERS: usize = 16;
@@ -73,7 +76,7 @@ const FULL: Size = Size {
     grants: 2_000,
     budget: Duration::from_secs(20),
     scale_pairs: 40,
-    held: 10_000,
+    held: 100_000,
 };
 const QUICK: Size = Size {
     rounds: 1,
@@ -513,11 +516,39 @@ async fn main() {
         (t.raw, t.same, t.ping) = (None, None, None);
         if !t.lock_only {
             let many = scale::many_names(connect(&t.url).await, 1_000, 256, size.scale_pairs).await;
-            let held = scale::held(connect(&t.url).await, size.held, &t.counter).await;
+            // PostgreSQL acquires ~400 distinct names a second one by one: 10 000 are enough
+            // to read its per-lease memory off, and its renewals are one statement per tick.
+            let n = if t.label == "postgres" {
+                size.held.min(10_000)
+            } else {
+                size.held
+            };
+            let held = scale::held(connect(&t.url).await, n, &t.counter).await;
+            let crowd = if t.label == "postgres" {
+                None
+            } else {
+                let waiters = WAITERS.min(size.grants);
+                let mut clients = Vec::new();
+                for _ in 0..waiters {
+                    clients.push(Waiter::ours(connect(&t.url).await));
+                }
+                let before = t.counter.requests().await;
+                let (stats, handed) =
+                    counted_handover(clients, "bench/crowd", size.grants, size.budget).await;
+                let after = t.counter.requests().await;
+                Some(Crowd {
+                    waiters,
+                    stats,
+                    requests_per_handover: before
+                        .zip(after)
+                        .map(|(b, a)| (a - b) / handed.max(1) as f64),
+                })
+            };
             report.scale.push(Scale {
                 backend: t.label.to_string(),
                 many_names_per_sec: many,
                 held,
+                crowd,
             });
         }
     }

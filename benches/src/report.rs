@@ -111,6 +111,19 @@ pub struct Scale {
     /// 1 000 names, 256 tasks, one client: acquire + release pairs per second.
     pub many_names_per_sec: f64,
     pub held: Held,
+    /// Hand-over on one name with [`crate::WAITERS`] clients waiting (`None`: not run, a
+    /// server that allows fewer connections).
+    #[serde(default)]
+    pub crowd: Option<Crowd>,
+}
+
+/// The hand-over of one name among many waiters, each its own client.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Crowd {
+    pub waiters: usize,
+    pub stats: Stats,
+    /// Server requests per hand-over (see `scale::Counter::requests`).
+    pub requests_per_handover: Option<f64>,
 }
 
 /// The uncontended and hand-over tables of one network setting.
@@ -488,13 +501,18 @@ impl Report {
              the same client holding nothing (its session's keep-alives, and the other bench clients' pings, which the \
              server counts too); renewal = held - idle. A ZooKeeper client pings only when it sent \
              nothing else for a while, so there a renewal takes the place of a ping (hence \
-             about 0).\n\n\
-             | backend | many names pairs/s | leases held | RSS growth MB | server requests per tick | idle per tick | renewal requests per tick |\n\
-             |---|---:|---:|---:|---:|---:|---:|\n",
+             about 0). Crowd: N clients on one name, each its own connection or session, as the \
+             hand-over tables run them (PostgreSQL's stock `max_connections` of 100 allows no \
+             such crowd).\n\n\
+             | backend | many names pairs/s | leases held | RSS growth MB | server requests per tick | idle per tick | renewal requests per tick | crowd | crowd hand-overs/s | p50 | p99 | requests per hand-over |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for s in &self.scale {
+            let crowd = |f: &dyn Fn(&Crowd) -> Option<f64>, digits| {
+                opt(s.crowd.as_ref().and_then(f), digits)
+            };
             md.push_str(&format!(
-                "| {} | {:.0} | {} | {:.1} | {} | {} | {} |\n",
+                "| {} | {:.0} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 s.backend,
                 s.many_names_per_sec,
                 s.held.leases,
@@ -508,6 +526,11 @@ impl Report {
                         .map(|(h, i)| h - i),
                     1
                 ),
+                crowd(&|c| Some(c.waiters as f64), 0),
+                crowd(&|c| Some(c.stats.per_sec), 0),
+                crowd(&|c| Some(c.stats.p50_us), 0),
+                crowd(&|c| Some(c.stats.p99_us), 0),
+                crowd(&|c| c.requests_per_handover, 1),
             ));
         }
         md.push_str(&self.targets());
@@ -550,13 +573,40 @@ impl Report {
             out.push_str(&n.targets());
         }
         for s in &self.scale {
+            // 150 MB per 100 000 leases.
+            let limit = 1.5 * s.held.leases as f64 / 1000.0;
             out.push_str(&format!(
-                "| {} leases held, {}: RSS growth < 50 MB | {:.1} MB | {} |\n",
+                "| {} leases held, {}: RSS growth <= {limit:.0} MB | {:.1} MB | {} |\n",
                 s.held.leases,
                 s.backend,
                 s.held.rss_growth_mb,
-                mark(s.held.rss_growth_mb < 50.0)
+                mark(s.held.rss_growth_mb <= limit)
             ));
+            if let (Some(h), Some(i)) = (s.held.round_trips_per_tick, s.held.idle_per_tick) {
+                out.push_str(&format!(
+                    "| {} leases held, {}: renewal requests per tick <= 2 | {:.1} | {} |\n",
+                    s.held.leases,
+                    s.backend,
+                    h - i,
+                    mark(h - i <= 2.0)
+                ));
+            }
+            if let Some(c) = &s.crowd {
+                // The backend's round trip, from its loopback hand-over rows.
+                let rtt = self
+                    .networks
+                    .first()
+                    .and_then(|n| n.handover.iter().find(|h| h.backend == s.backend))
+                    .and_then(|h| h.rtt_p50_us)
+                    .unwrap_or(0.0);
+                let tail = c.stats.p99_us / c.stats.p50_us.max(rtt).max(1.0);
+                out.push_str(&format!(
+                    "| hand-over p99 <= 10 x max(p50, RTT), {} x{} (loopback) | {tail:.1} x | {} |\n",
+                    s.backend,
+                    c.waiters,
+                    mark(tail <= 10.0)
+                ));
+            }
         }
         out
     }

@@ -542,13 +542,13 @@ async fn a_watchdog_tick_for_100_leases_is_one_script_call() {
     assert!(ttl > 1_000, "the lease was renewed: PTTL {ttl} ms");
 }
 
-/// Waits (up to 5 s) until `n` waiters listen on their own turn channels, then a little longer
-/// for the re-check each sends right after subscribing (counted otherwise).
+/// Waits (up to 5 s) until `n` clients listen on their turn channels (subscribed before their
+/// first try), then a little longer for that try.
 async fn until_listening(admin: &mut redis::aio::MultiplexedConnection, n: usize) {
     for _ in 0..500 {
         let channels: Vec<String> = redis::cmd("PUBSUB")
             .arg("CHANNELS")
-            .arg("*:turn:*")
+            .arg("*:grants}:*")
             .query_async(admin)
             .await
             .expect("PUBSUB CHANNELS");
@@ -558,7 +558,7 @@ async fn until_listening(admin: &mut redis::aio::MultiplexedConnection, n: usize
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("not {n} waiters listening");
+    panic!("not {n} clients listening");
 }
 
 /// A lock client of its own on `server`.
@@ -570,7 +570,7 @@ async fn own_client(server: &RedisServer) -> LockClient {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_over_is_the_release_alone_the_waiter_sends_nothing() {
+async fn a_hand_over_is_the_waiters_one_try_and_the_release() {
     let (server, mut admin, locks) = setup().await;
     let opts = warmed_up(&locks).await;
     let name = LockName::new("handed").expect("valid");
@@ -582,23 +582,33 @@ async fn a_hand_over_is_the_release_alone_the_waiter_sends_nothing() {
     let waiter = own_client(&server).await;
     // Watched: its first renewal (asking for the 30 s) comes ~1 s after the grant, past the count.
     let watched = AcquireOptions::with_ttl(Duration::from_secs(30));
+    // A client's first waiting acquire subscribes its turn channel, once for its life.
+    let warm = waiter
+        .acquire("warm-waiter", &watched, Duration::from_secs(10))
+        .await
+        .expect("acquire");
+    assert!(warm.release().await.expect("release"));
+    let before = command_calls(&mut admin).await;
     let task = tokio::spawn(async move {
         waiter
             .acquire("handed", &watched, Duration::from_secs(10))
             .await
     });
     until_queued(&mut admin, &name, 1).await;
-    until_listening(&mut admin, 1).await;
-    let before = command_calls(&mut admin).await;
     assert!(held.release().await.expect("release"));
     let lease = task.await.expect("waiter").expect("granted");
     let after = command_calls(&mut admin).await;
-    // The release's script grants the head and publishes the grant; the waiter holds on it.
+    // The waiter's try queues it; the release's script grants it and publishes the grant, on
+    // which the waiter holds: no second try, no (un)subscribe.
+    let ran = ran(&before, &after);
     assert_eq!(
-        ran(&before, &after).get("evalsha"),
-        Some(&1),
-        "script calls per hand-over: {:?}",
-        ran(&before, &after)
+        ran.get("evalsha"),
+        Some(&2),
+        "requests per hand-over: {ran:?}"
+    );
+    assert!(
+        !ran.contains_key("subscribe") && !ran.contains_key("unsubscribe"),
+        "a waiter subscribed for one acquire: {ran:?}"
     );
     assert!(lease.fencing_token().expect("token").0 > token);
     // The server gave the grant the waiter's liveness at most, not its 30 s TTL...
