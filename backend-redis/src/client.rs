@@ -205,7 +205,7 @@ impl RedisBackend {
         self.subscribe(&keys.channel().to_string()).await
     }
 
-    /// Listens for a grant to the lock's waiter `secret` on this client's turn channel,
+    /// Listens for the turn (or grant) of the waiter `secret` on this client's turn channel,
     /// subscribing it first if this is the client's first waiter (once: it stays subscribed).
     pub(crate) async fn turn(&self, secret: &OwnerSecret) -> Result<Turn> {
         self.turns
@@ -213,16 +213,6 @@ impl RedisBackend {
             .get_or_try_init(|| self.subscribe(&self.turns.name))
             .await?;
         Ok(self.notifier.turn(&secret.expose_hex()))
-    }
-
-    /// Joins the waiter `secret`'s own "your turn" channel for `keys`' lock.
-    pub(crate) async fn subscribe_turn(
-        &self,
-        keys: &LockKeys,
-        secret: &OwnerSecret,
-    ) -> Result<Subscription> {
-        self.subscribe(&format!("{}{}", keys.turn(), secret.expose_hex()))
-            .await
     }
 
     pub(crate) async fn subscribe(&self, channel: &str) -> Result<Subscription> {

@@ -8,12 +8,11 @@
 //! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held; `...:<value>` appended once an election's leader announced `value` |
 //! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
 //! | `{p:B}:released:<encoded n>` | pub/sub channel | on Redlock nodes, a message at every release (Redlock waiters listen there; they do not queue) |
-//! | `{p:B}:turn:<owner secret hex>` | pub/sub channel | "your turn", to the one queued waiter a release (or a departure) hands the lock to |
-//! | `{p:grants}:<client id>` | pub/sub channel | one client's: `g<token>:<owner secret hex>`, a grant a release made to one of its lock's waiters |
+//! | `{p:grants}:<client id>` | pub/sub channel | one client's queued waiters: `t:<owner secret hex>` "your turn", `g<token>:<owner secret hex>` a grant a release made to a lock's waiter |
 //! | `{p:B}:leader:<encoded n>` | pub/sub channel | a message at every announcement of an election's leader (observers listen there) |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
-//! | `{p:B}:asks:<encoded n>` | hash, with PX | a lock's waiting owners: owner secret -> `<ttl ms><holder>`, what a release needs to grant the head on its behalf |
+//! | `{p:B}:asks:<encoded n>` | hash, with PX | waiting owners (queue members) -> `<ttl ms>:<holder>:<client channel>`: where to tell each, and what a release needs to grant a lock's waiter on its behalf (no TTL: only told) |
 //! | `{p:B}:shared:<encoded n>` | hash, with PX | a semaphore's permit holders or a read-write lock's readers: owner secret -> `<expiry ms>:<fencing token>:<limit>` |
 //!
 //! `B` is a bucket, `fnv1a64(encoded n) % 1024`, inside the hash tag. Why buckets: the fencing
@@ -111,11 +110,6 @@ impl LockKeys {
     /// Whether this is the plain layout's one key ([`plain_keys`]).
     pub fn is_plain(&self) -> bool {
         self.plain
-    }
-
-    /// The prefix of each waiter's own "your turn" channel (followed by its secret).
-    pub fn turn(&self) -> Key<'_> {
-        self.key("turn:", false)
     }
 }
 
@@ -252,7 +246,7 @@ mod tests {
             k.channel(),
             k.queue(),
             k.alive(),
-            k.turn(),
+            k.asks(),
             k.leader(),
             k.shared(),
         ]
@@ -264,7 +258,7 @@ mod tests {
                 "{distlock:833}:released:orders%2F42",
                 "{distlock:833}:queue:orders%2F42",
                 "{distlock:833}:alive:orders%2F42",
-                "{distlock:833}:turn:",
+                "{distlock:833}:asks:orders%2F42",
                 "{distlock:833}:leader:orders%2F42",
                 "{distlock:833}:shared:orders%2F42",
             ]
@@ -273,7 +267,7 @@ mod tests {
         assert!(!k.is_shared(&k.lock));
         assert!(!k.is_shared("{distlock:833}:shared:orders%2F4"));
         // Written into a command, a key is the same one argument.
-        for key in [k.fence(), k.queue(), k.turn()] {
+        for key in [k.fence(), k.queue(), k.asks()] {
             assert_eq!(key.to_redis_args(), vec![key.to_string().into_bytes()]);
         }
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);

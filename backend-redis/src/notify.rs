@@ -1,8 +1,8 @@
 //! Release notifications: one subscription per channel per client, shared by all its waiters,
 //! carried as RESP3 pushes on the client's one connection (no extra subscriber connection). A
-//! lock's queued waiter is told of its grant on its client's turn channel, subscribed once for
-//! the client's life; other queued waiters listen on their own turn channels; Redlock waiters on
-//! the name's channel.
+//! queued waiter is told its turn (and a lock's waiter its grant) on its client's turn channel,
+//! subscribed once for the client's life; Redlock waiters whose arbiter is silent listen for
+//! the other nodes' announcements on the name's channel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,10 +20,10 @@ struct Channel {
     subscribed: bool,
 }
 
-/// What a lock's waiter heard on its client's turn channel.
+/// What a queued waiter heard on its client's turn channel.
 #[derive(Default)]
 struct Heard {
-    /// Bumped by every wake-up (a connection drop): the waiter re-checks.
+    /// Bumped by every wake-up ("your turn", a connection drop): the waiter re-checks.
     wakes: u64,
     /// The fencing token of the grant a release made to it ([`crate::scripts::RELEASE`]).
     grant: Option<u64>,
@@ -33,8 +33,8 @@ struct Heard {
 #[derive(Default)]
 pub(crate) struct Notifier {
     channels: Mutex<HashMap<String, Channel>>,
-    /// The lock's waiters of this client, by owner secret (hex): a grant on the client's turn
-    /// channel names the secret it was made to.
+    /// The queued waiters of this client, by owner secret (hex): a message on the client's turn
+    /// channel names the secret it is for.
     turns: Mutex<HashMap<String, watch::Sender<Heard>>>,
     /// Held while a SUBSCRIBE or UNSUBSCRIBE is decided and sent, so a late unsubscribe can
     /// never overtake the subscribe of a waiter that joined after the last one left.
@@ -50,8 +50,8 @@ impl Notifier {
         self.turns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Listens for a grant to the lock's waiter `secret` (hex) on the client's turn channel,
-    /// which the caller keeps subscribed. Local only: no request.
+    /// Listens for the turn (or grant) of the waiter `secret` (hex) on the client's turn
+    /// channel, which the caller keeps subscribed. Local only: no request.
     pub(crate) fn turn(self: &Arc<Self>, secret: &str) -> Turn {
         let heard = watch::Sender::new(Heard::default());
         let rx = heard.subscribe();
@@ -108,16 +108,24 @@ impl Notifier {
 impl Pushes for Notifier {
     /// Called by the connection for every push; must not block.
     fn on_push(&self, push: PushInfo) {
-        // `g<token>:<secret>`: a grant to one of our lock's waiters.
+        // `t:<secret>` "your turn", `g<token>:<secret>` a grant: to one of our queued waiters.
         if push.kind == PushKind::Message
             && let Some(Value::BulkString(m)) = push.data.get(1)
-            && let Some((token, secret)) = m
-                .strip_prefix(b"g")
-                .and_then(|g| std::str::from_utf8(g).ok()?.split_once(':'))
-            && let Ok(token) = token.parse::<u64>()
+            && let Some((kind, secret)) =
+                std::str::from_utf8(m).ok().and_then(|m| m.split_once(':'))
+            && let Some(grant) = match kind {
+                "t" => Some(None),
+                _ => kind
+                    .strip_prefix('g')
+                    .and_then(|t| t.parse().ok())
+                    .map(Some),
+            }
         {
             if let Some(heard) = self.turns().get(secret) {
-                heard.send_modify(|h| h.grant = Some(token));
+                heard.send_modify(|h| match grant {
+                    Some(token) => h.grant = Some(token),
+                    None => h.wakes += 1,
+                });
             }
             return;
         }
@@ -227,7 +235,8 @@ impl Drop for Subscription {
     }
 }
 
-/// A lock's waiter listening for its grant ([`Notifier::turn`]); dropping it stops listening.
+/// A queued waiter listening for its turn or grant ([`Notifier::turn`]); dropping it stops
+/// listening.
 pub(crate) struct Turn {
     notifier: Arc<Notifier>,
     secret: String,
@@ -235,7 +244,7 @@ pub(crate) struct Turn {
 }
 
 impl Turn {
-    /// Resolves at the next grant or wake-up after the last call.
+    /// Resolves at the next message or wake-up after the last call.
     ///
     /// # Cancel safety
     /// Cancel safe: what arrives while nobody waits is kept for the next call.
@@ -249,6 +258,11 @@ impl Turn {
     pub(crate) fn granted(&self) -> Option<u64> {
         self.heard.borrow().grant
     }
+
+    /// Forgets the messages so far: the next [`Turn::released`] waits for a new one.
+    pub(crate) fn mark_seen(&mut self) {
+        self.heard.borrow_and_update();
+    }
 }
 
 impl Drop for Turn {
@@ -258,8 +272,8 @@ impl Drop for Turn {
 }
 
 /// The client's own turn channel ([`crate::keys::grants_channel`]), subscribed at its first
-/// waiting acquire and for the rest of its life: a lock's waiter then sends nothing to listen
-/// (no SUBSCRIBE, no UNSUBSCRIBE, which measured a round trip on the releasing holder's path).
+/// waiting acquire and for the rest of its life: a waiter then sends nothing to listen (no
+/// SUBSCRIBE, no UNSUBSCRIBE, which measured a round trip on the releasing holder's path).
 pub(crate) struct TurnChannel {
     pub(crate) name: String,
     pub(crate) subscribed: tokio::sync::OnceCell<Subscription>,

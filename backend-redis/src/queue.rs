@@ -84,24 +84,22 @@ impl RedisBackend {
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let hex = secret.expose_hex_bytes();
         let who = holder.segment();
-        // The queue scripts share their keys (lock, fence, queue, alive, then `ACQUIRE`'s asks
-        // or `ADMIT`'s shared hash) and their first arguments (see `scripts`).
+        // The queue scripts share their keys (lock, fence, queue, alive, then `ADMIT`'s shared
+        // hash, then asks) and their first arguments (see `scripts`).
         let queue_call = |lua, shared: bool, waiting: bool, waiter_ttl: Duration| {
-            let mut call = Call::new(lua, 5);
+            let mut call = Call::new(lua, 5 + usize::from(shared));
             call.arg(&keys.lock)
                 .arg(keys.fence())
                 .arg(keys.queue())
                 .arg(keys.alive());
             if shared {
                 call.arg(keys.shared());
-            } else {
-                call.arg(keys.asks());
             }
-            call.arg(&hex[..])
+            call.arg(keys.asks())
+                .arg(&hex[..])
                 .arg(ttl_ms)
                 .arg(u8::from(waiting))
-                .arg(waiter_ttl.as_millis() as u64)
-                .arg(keys.turn());
+                .arg(waiter_ttl.as_millis() as u64);
             call
         };
         let call = match ask {
@@ -112,7 +110,7 @@ impl RedisBackend {
             }
             Ask::Arbiter { waiter_ttl } => {
                 let mut call = queue_call(&scripts::ACQUIRE, false, true, waiter_ttl);
-                call.arg(1u8).arg(&who).arg("");
+                call.arg(1u8).arg(&who).arg(&self.turns.name);
                 Some(call)
             }
             Ask::Admitted { admission, waiting } => {
@@ -123,7 +121,8 @@ impl RedisBackend {
                         Admission::Permit(_) => "p",
                         Admission::Shared => "s",
                     })
-                    .arg(&who);
+                    .arg(&who)
+                    .arg(&self.turns.name);
                 Some(call)
             }
             Ask::Plain => None,
@@ -209,8 +208,7 @@ impl RedisBackend {
                     .arg(&keys.lock)
                     .arg(keys.fence())
                     .arg(keys.asks())
-                    .arg(member)
-                    .arg(keys.turn()),
+                    .arg(member),
                 &mut conn,
             )
             .await;

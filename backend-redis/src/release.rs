@@ -53,12 +53,12 @@ impl RedisBackend {
         sent: Sent,
     ) -> Result<bool> {
         let mut conn = self.conn.clone();
-        let mut call = Call::new(&scripts::RELEASE_SHARED, 3);
+        let mut call = Call::new(&scripts::RELEASE_SHARED, 4);
         call.arg(keys.shared())
             .arg(keys.queue())
             .arg(keys.alive())
-            .arg(&secret.expose_hex_bytes()[..])
-            .arg(keys.turn());
+            .arg(keys.asks())
+            .arg(&secret.expose_hex_bytes()[..]);
         let call = match sent {
             Sent::Hash => call,
             Sent::Source => call.with_source(),
@@ -94,7 +94,6 @@ impl RedisBackend {
             Tell::LeaveQueue => call.arg("leave"),
             Tell::Nobody => call.arg("none"),
         };
-        call.arg(keys.turn());
         let call = match sent {
             Sent::Hash => call,
             Sent::Source => call.with_source(),

@@ -9,13 +9,15 @@
 //!
 //! One queue serves every policy ([`distlock_api::Admission`]): a queued member is the secret,
 //! followed by `#<limit>` when its limit is not 1, so a waiter reads every limit ahead of it from
-//! the queue itself; a "your turn" message goes to the member's first 32 characters. An
+//! the queue itself. Each waiter's ask (`asks` hash, member -> `<ttl ms>:<holder>:<channel>`,
+//! the TTL empty for a waiter that is only woken) names its client's turn channel, where a
+//! message `t:<secret>` says "your turn" and `g<token>:<secret>` "granted" ([`HAND_ON`]). An
 //! exclusive holder (a lock, a writer) is the lock key; shared holders (permits, readers) are the
 //! fields of the name's `shared` hash, `<secret>` -> `<expiry ms>:<token>:<limit><holder>` by the
 //! server's clock, the hash itself kept alive as long as its longest field ([`ADMIT`]).
 //!
 //! Waiters queue in arrival order (a sorted set scored by server time) with a liveness set
-//! (scored by expiry, refreshed at every re-check): a release tells the live head on its own
+//! (scored by expiry, refreshed at every re-check): a release tells the live head on its client's
 //! channel, and a free lock promised to a live head is refused to everyone else. A waiter that
 //! crashed stops refreshing and is dropped within the waiter TTL; one that gives up leaves at
 //! once ([`LEAVE`]). Both sets carry that TTL, so a name nobody waits on leaves no key behind.
@@ -137,7 +139,10 @@ async fn timed<T>(limit: Duration, send: impl Future<Output = RedisResult<T>>) -
 }
 
 /// Lua helpers shared by the scripts that read the queue head: `purge` drops the waiters whose
-/// liveness ran out (from both sets, and their asks when given) and says how many; `clock` is the server's time in ms and µs;
+/// liveness ran out (from both sets, and their asks when given) and says how many; `tell`
+/// publishes "your turn" to a waiter on its client's channel (a waiter with no ask, queued by
+/// an older client, hears nothing and finds its turn at its next re-check); `clock` is the
+/// server's time in ms and µs;
 /// `distlock_value` says whether a lock value has our layout (`<32 hex>:<token>...`), not another
 /// recipe's (redis-py's `Lock` on our key, say).
 const PURGE: &str = r#"
@@ -161,8 +166,12 @@ local function now_ms()
   local ms = clock()
   return ms
 end
-local function tell(prefix, member)
-  redis.call('PUBLISH', prefix .. string.sub(member, 1, 32), '1')
+local function tell(asks, member)
+  local ask = redis.call('HGET', asks, member)
+  local channel = ask and string.match(ask, '^%d*:[^:]*:(.+)$')
+  if channel then
+    redis.call('PUBLISH', channel, 't:' .. string.sub(member, 1, 32))
+  end
 end
 local function distlock_value(v)
   return string.find(v, '^' .. string.rep('%x', 32) .. ':%d') ~= nil
@@ -175,24 +184,25 @@ end
 "#;
 
 /// The Lua helper (after [`PURGE`]'s) that hands a free lock on: `hand_on(lock, fence, queue,
-/// alive, asks, turn, leaving)` takes `leaving` (if not nil) out of the queue, drops the dead
+/// alive, asks, leaving)` takes `leaving` (if not nil) out of the queue, drops the dead
 /// waiters, then
-/// * grants the lock to the live head when it is a lock's waiter (its ask is in `asks`): INCR
-///   the counter, `SET` the head's value for its TTL but no longer than its liveness has left
-///   (a waiter that died meanwhile holds it up no longer than a dead waiter holds up the queue),
-///   take it out of the queue, and publish `g<token>:<secret>` on its client's turn channel
-///   (`grants`): the waiter holds on receipt, with no request of its own. Its validity counts from the send time of its last
-///   re-check, which set that liveness (see `wait`);
+/// * grants the lock to the live head when it is a lock's waiter (its ask has a TTL): INCR the
+///   counter, `SET` the head's value for its TTL but no longer than its liveness has left (a
+///   waiter that died meanwhile holds it up no longer than a dead waiter holds up the queue),
+///   take it out of the queue, and publish `g<token>:<secret>` on its client's channel: the
+///   waiter holds on receipt, with no request of its own. Its validity counts from the send
+///   time of its last re-check, which set that liveness (see `wait`);
 /// * else tells the head "your turn" (a semaphore's or a read-write lock's waiter, a Redlock
-///   arbiter's, or one that queued before asks existed), as before.
+///   arbiter's).
 const HAND_ON: &str = r#"
-local function hand_on(lock, fence, queue, alive, asks, turn, leaving)
+local function hand_on(lock, fence, queue, alive, asks, leaving)
   if redis.call('EXISTS', queue) == 0 then
     return
   end
   if leaving then
     redis.call('ZREM', queue, leaving)
     redis.call('ZREM', alive, leaving)
+    redis.call('HDEL', asks, leaving)
   end
   local now = now_ms()
   purge(queue, alive, now, asks)
@@ -201,12 +211,15 @@ local function hand_on(lock, fence, queue, alive, asks, turn, leaving)
     return
   end
   local ask = redis.call('HGET', asks, head)
+  local ttl, who, grants = nil, nil, nil
+  if ask then
+    ttl, who, grants = string.match(ask, '^(%d+):([^:]*):(.+)$')
+  end
   local live = tonumber(redis.call('ZSCORE', alive, head))
-  if not ask or not live or live <= now then
-    tell(turn, head)
+  if not ttl or not live or live <= now then
+    tell(asks, head)
     return
   end
-  local ttl, who, grants = string.match(ask, '^(%d+):([^:]*):(.+)$')
   local token = redis.call('INCR', fence)
   redis.call('SET', lock, head .. ':' .. token .. who, 'PX', math.min(tonumber(ttl), live - now))
   redis.call('ZREM', queue, head)
@@ -217,7 +230,7 @@ end
 "#;
 
 /// KEYS: lock, fence, queue, alive, asks. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms,
-/// turn channel prefix, arbiter (0/1), holder segment, the client's turn channel (`grants`).
+/// arbiter (0/1), holder segment, the client's turn channel.
 /// * Nobody queued and the lock free (the common case): INCR the bucket counter, `SET NX PX`,
 ///   return `{1, token}`. Three commands and no read, because on this path every extra command
 ///   measurably costs throughput (each `redis.call` is ~1-3 us of server time against a ~100 us
@@ -228,12 +241,13 @@ end
 ///   our queue and wakes none of our waiters): return `{-4, 0}`, refused (nothing joined). Not on
 ///   a Redlock arbiter, whose queue is Redlock's own: there it is a holder like any other.
 /// * Held by another: a waiter joins the queue (arrival order, first join only, with its ask:
-///   `<ttl>:<holder>:<grants channel>`, what a release needs to grant it, [`HAND_ON`]) and refreshes its
+///   `<ttl>:<holder>:<channel>`, what a release needs to grant it, [`HAND_ON`]; an arbiter's
+///   waiter with no TTL: it is only woken) and refreshes its
 ///   liveness; return `{0, pttl}` (the next re-check bound). A re-check that finds the lock
 ///   handed to it already takes the case above.
 /// * Free, but a live waiter other than us heads the queue: it is promised to that waiter; a
 ///   waiter joins the queue; return `{0, -3}`. If dead waiters were just dropped, the new head
-///   is told on its turn channel.
+///   is told.
 /// * Free and we head the queue (or every waiter in it was dead): as the first case, and leave
 ///   the queue.
 ///
@@ -248,11 +262,11 @@ pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         r#"
 local lock, fence, queue, alive, asks = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, ttl, waiting, wttl = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
-local arbiter = ARGV[6] == '1'
+local arbiter = ARGV[5] == '1'
 local queued = redis.call('EXISTS', queue) == 1
 if not queued and not arbiter then
   local token = redis.call('INCR', fence)
-  if redis.call('SET', lock, me .. ':' .. token .. ARGV[7], 'NX', 'PX', ttl) then
+  if redis.call('SET', lock, me .. ':' .. token .. ARGV[6], 'NX', 'PX', ttl) then
     return {{1, token}}
   end
 end
@@ -275,15 +289,17 @@ if queued then
 end
 local function join(live)
   if waiting then
-    if redis.call('ZADD', queue, 'NX', arrival, me) == 1 and not arbiter then
-      redis.call('HSET', asks, me, ttl .. ':' .. ARGV[7] .. ':' .. ARGV[8])
+    if redis.call('ZADD', queue, 'NX', arrival, me) == 1 then
+      local asked = ttl
+      if arbiter then
+        asked = ''
+      end
+      redis.call('HSET', asks, me, asked .. ':' .. ARGV[6] .. ':' .. ARGV[7])
     end
     redis.call('ZADD', alive, now + live, me)
     redis.call('PEXPIRE', queue, wttl)
     redis.call('PEXPIRE', alive, wttl)
-    if not arbiter then
-      redis.call('PEXPIRE', asks, wttl)
-    end
+    redis.call('PEXPIRE', asks, wttl)
   end
 end
 if cur then
@@ -293,7 +309,7 @@ end
 if head and head ~= me then
   join(wttl)
   if purged > 0 then
-    tell(ARGV[5], head)
+    tell(asks, head)
   end
   return {{0, -3}}
 end
@@ -301,7 +317,7 @@ local token = 0
 if not arbiter then
   token = redis.call('INCR', fence)
 end
-redis.call('SET', lock, me .. ':' .. token .. ARGV[7], 'PX', ttl)
+redis.call('SET', lock, me .. ':' .. token .. ARGV[6], 'PX', ttl)
 if arbiter then
   join(math.min(wttl, tonumber(ttl)))
 elseif head then
@@ -315,7 +331,7 @@ return {{1, token}}
 });
 
 /// KEYS: queue, alive, lock, fence, asks. ARGV: queue member (the secret, with `#<limit>` for a
-/// permit or a reader, as [`ADMIT`] queued it), turn channel prefix.
+/// permit or a reader, as [`ADMIT`] queued it).
 /// A waiter that gives up (timeout, error, cancellation) leaves the queue. If a release handed
 /// it the lock meanwhile ([`HAND_ON`]: the grant may be in flight to it, or never read), it lets
 /// go of it. If the lock is then free, it goes on to the new head at once instead of at its next
@@ -333,7 +349,7 @@ if cur and string.sub(cur, 1, 33) == string.sub(ARGV[1], 1, 32) .. ':' then
   cur = false
 end
 if not cur then
-  hand_on(lock, fence, queue, alive, asks, ARGV[2], nil)
+  hand_on(lock, fence, queue, alive, asks, nil)
 end
 return 1
 "#
@@ -452,9 +468,9 @@ return out
     ))
 });
 
-/// KEYS: lock, fence, queue, alive, shared. ARGV: secret, ttl ms, waiting (0/1), waiter ttl ms,
-/// turn channel prefix, limit, policy (`x` exclusive: the holder is the lock key; `p` a permit
-/// and `s` a reader: a field of the shared hash), holder segment. The queue for every policy
+/// KEYS: lock, fence, queue, alive, shared, asks. ARGV: secret, ttl ms, waiting (0/1), waiter
+/// ttl ms, limit, policy (`x` exclusive: the holder is the lock key; `p` a permit and `s` a
+/// reader: a field of the shared hash), holder segment, the client's turn channel. The queue for every policy
 /// but a plain lock's ([`ACQUIRE`], which keeps its three-command fast path; a lock's name never
 /// has shared holders). In order:
 /// * ours already (a retry after a lost reply): refresh, return `{1, token}`;
@@ -466,14 +482,15 @@ return out
 ///   the lock key or a shared field, leave the queue, and tell the new head if it is admitted
 ///   now too (readers behind a writer are woken one by one, each by the one before); return
 ///   `{1, token}`;
-/// * else a waiter joins (first join only) and refreshes its liveness; return `{0, bound}`, the
+/// * else a waiter joins (first join only, with an ask that has no TTL: it is only woken) and
+///   refreshes its liveness; return `{0, bound}`, the
 ///   time until the first holder's expiry (the next re-check), or -3.
 pub static ADMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"{PURGE}
-local lock, fence, queue, alive, shared = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lock, fence, queue, alive, shared, asks = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local me, ttl, waiting, wttl = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4])
-local turn, limit, policy = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local limit, policy = tonumber(ARGV[5]), ARGV[6]
 local member = me
 if limit ~= 1 then
   member = me .. '#' .. limit
@@ -518,7 +535,7 @@ end
 for _, l in ipairs(holders) do
   ahead[#ahead + 1] = l
 end
-purge(queue, alive, now)
+purge(queue, alive, now, asks)
 for _, w in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
   if w == member then
     break
@@ -530,6 +547,7 @@ if policy == 'p' then
     if l ~= limit then
       redis.call('ZREM', queue, member)
       redis.call('ZREM', alive, member)
+      redis.call('HDEL', asks, member)
       return {{-2, l}}
     end
   end
@@ -541,13 +559,14 @@ end
 if #ahead < smallest then
   local token = redis.call('INCR', fence)
   if policy == 'x' then
-    redis.call('SET', lock, me .. ':' .. token .. ARGV[8], 'PX', ttl)
+    redis.call('SET', lock, me .. ':' .. token .. ARGV[7], 'PX', ttl)
   else
-    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. limit .. ARGV[8])
+    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. limit .. ARGV[7])
     keep_hash(shared, ttl)
   end
   redis.call('ZREM', queue, member)
   redis.call('ZREM', alive, member)
+  redis.call('HDEL', asks, member)
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
   if head then
     local small = math.min(limit, limit_of(head))
@@ -555,23 +574,26 @@ if #ahead < smallest then
       small = math.min(small, l)
     end
     if #holders + 1 < small then
-      tell(turn, head)
+      tell(asks, head)
     end
   end
   return {{1, token}}
 end
 if waiting then
-  redis.call('ZADD', queue, 'NX', arrival, member)
+  if redis.call('ZADD', queue, 'NX', arrival, member) == 1 then
+    redis.call('HSET', asks, member, ':' .. ARGV[7] .. ':' .. ARGV[8])
+  end
   redis.call('ZADD', alive, now + wttl, member)
   redis.call('PEXPIRE', queue, wttl)
   redis.call('PEXPIRE', alive, wttl)
+  redis.call('PEXPIRE', asks, wttl)
 end
 return {{0, bound}}
 "#
     ))
 });
 
-/// KEYS: shared, queue, alive. ARGV: secret, turn channel prefix. Removes our shared field
+/// KEYS: shared, queue, alive, asks. ARGV: secret. Removes our shared field
 /// (a permit's or a reader's), then tells the queue's live head. Returns 1 if it was ours and
 /// live, 0 otherwise (an expired field of ours is removed all the same).
 pub static RELEASE_SHARED: LazyLock<Lua> = LazyLock::new(|| {
@@ -584,10 +606,10 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 local now = now_ms()
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  purge(KEYS[2], KEYS[3], now)
+  purge(KEYS[2], KEYS[3], now, KEYS[4])
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if head then
-    tell(ARGV[2], head)
+    tell(KEYS[4], head)
   end
 end
 if tonumber(string.match(cur, '^(%d+):')) <= now then
@@ -600,7 +622,7 @@ return 1
 
 /// KEYS: lock, queue, alive, fence, asks (the lock alone with `none`, which reads no other key:
 /// a plain key has no queue, and on Cluster it shares no slot with one). ARGV: secret, whom to
-/// tell (`head`, `leave` or `none`), turn channel prefix. DEL only if ours, then:
+/// tell (`head`, `leave` or `none`). DEL only if ours, then:
 /// * `head`: hand the lock on to the live head of the queue ([`HAND_ON`]: granted to a lock's
 ///   waiter, "your turn" to another), if any. A release nobody waits for publishes nothing; one
 ///   message to one waiter: a release wakes one connection, not every waiter's.
@@ -626,7 +648,7 @@ local leaving = nil
 if ARGV[2] == 'leave' then
   leaving = ARGV[1]
 end
-hand_on(KEYS[1], KEYS[4], KEYS[2], KEYS[3], KEYS[5], ARGV[3], leaving)
+hand_on(KEYS[1], KEYS[4], KEYS[2], KEYS[3], KEYS[5], leaving)
 return 1
 "#
     ))

@@ -10,7 +10,6 @@ use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
 use crate::client::RedisBackend;
-use crate::notify::{Subscription, Turn};
 use crate::queue::{Ask, Attempt, QueueGuard, WAITER_TTL, queue_member};
 
 /// A waiter re-checks at least this often, which also keeps its place in the queue.
@@ -19,14 +18,12 @@ const RECHECK: Duration = Duration::from_secs(1);
 impl RedisBackend {
     /// The one queue: a lock's entry (`admission` `None`: [`scripts::ACQUIRE`]) or one admitted
     /// by a policy ([`scripts::ADMIT`]). Without a deadline, one try: `Busy` unless granted,
-    /// nothing queued. Else it waits in the name's queue. A lock's waiter listens on its
-    /// client's turn channel (subscribed once per client) before its first try, which goes out
-    /// alone; a release then grants it the lock and it holds on the message, sending nothing.
-    /// Another policy's first try goes out alone (an uncontended acquire is one script call);
-    /// when it is not admitted, the waiter subscribes to its own turn channel and tries again
-    /// at once, so a release between the two is not missed. Then it is woken only when its turn
-    /// comes (a connection drop too), and re-checks when the first holder's TTL runs out and at
-    /// least every second (which keeps its place). Leaves the queue on timeout, error or
+    /// nothing queued. Else it waits in the name's queue: it listens on its client's turn
+    /// channel (subscribed once per client) before its first try, which goes out alone (an
+    /// uncontended acquire is one script call). Then it is woken only when its turn comes (a
+    /// connection drop too), and re-checks then, when the first holder's TTL runs out, and at
+    /// least every second (which keeps its place). A lock's waiter is granted by the release
+    /// itself and holds on the message, sending nothing. Leaves the queue on timeout, error or
     /// cancellation.
     pub(crate) async fn queued(
         &self,
@@ -40,9 +37,9 @@ impl RedisBackend {
         let holder = HolderInfo::now();
         let started = Instant::now();
         let waiting = deadline.is_some();
-        let mut released = match admission {
-            None if waiting => Some(Listener::Turn(self.turn(&secret).await?)),
-            _ => None,
+        let mut turn = match waiting {
+            true => Some(self.turn(&secret).await?),
+            false => None,
         };
         let ask = match admission {
             None => Ask::Fenced { waiting },
@@ -98,7 +95,8 @@ impl RedisBackend {
                     return Err(e);
                 }
             };
-            let Some(deadline) = deadline else {
+            // A try (no deadline) listens for nothing.
+            let (Some(deadline), Some(sub)) = (deadline, turn.as_mut()) else {
                 return Err(LockError::Busy {
                     name: name.to_string(),
                 });
@@ -113,18 +111,6 @@ impl RedisBackend {
                     waited: now - started,
                 });
             }
-            let Some(sub) = released.as_mut() else {
-                match self.subscribe_turn(&keys, &secret).await {
-                    Ok(sub) => released = Some(Listener::Own(sub)),
-                    Err(e) => {
-                        if let Some(q) = queued {
-                            q.leave().await;
-                        }
-                        return Err(e);
-                    }
-                }
-                continue;
-            };
             // Negative: the lock is free but promised to the waiter ahead of us.
             let wait =
                 u64::try_from(pttl_ms).map_or(RECHECK, |ms| Duration::from_millis(ms).min(RECHECK));
@@ -134,7 +120,7 @@ impl RedisBackend {
                 _ = sleep_until((now + wait + jitter).min(deadline)) => {}
             }
             if let Some(token) = sub.granted() {
-                // A release granted us the lock for at most our liveness, which our last re-check
+                // A release granted us (a lock's waiter) the lock for at most our liveness, which our last re-check
                 // (sent at `sent`, answered "busy") set to its arrival + WAITER_TTL: the grant
                 // came later, so it is valid until at least `sent` + `first`. Held on receipt,
                 // unless that leaves too little of the window or replicas must acknowledge it
@@ -154,32 +140,6 @@ impl RedisBackend {
                     return Ok(grant.with_first_ttl(first));
                 }
             }
-        }
-    }
-}
-
-/// How a waiter hears that its turn came.
-enum Listener {
-    /// A lock's waiter: its grant, on its client's turn channel.
-    Turn(Turn),
-    /// Another policy's waiter: "your turn", on its own channel.
-    Own(Subscription),
-}
-
-impl Listener {
-    /// Resolves at the next message (or connection drop). Cancel safe.
-    async fn released(&mut self) {
-        match self {
-            Listener::Turn(t) => t.released().await,
-            Listener::Own(s) => s.released().await,
-        }
-    }
-
-    /// The fencing token of a grant a release made to us, if one was heard.
-    fn granted(&self) -> Option<u64> {
-        match self {
-            Listener::Turn(t) => t.granted(),
-            Listener::Own(_) => None,
         }
     }
 }

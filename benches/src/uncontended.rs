@@ -272,13 +272,15 @@ impl SameWork {
                     .key(keys.fence())
                     .key(keys.queue())
                     .key(keys.alive())
+                    .key(keys.asks())
                     .arg(&secret)
                     .arg(10_000)
                     .arg(0)
                     .arg(3_000)
-                    .arg(keys.turn())
                     .arg(0)
                     .arg(&holder)
+                    // Its client's turn channel: written only by a waiter, which this is not.
+                    .arg("")
                     .invoke_async(&mut c)
                     .await
                     .expect("acquire script");
@@ -431,9 +433,10 @@ async fn release_script(
         .key(&keys.lock)
         .key(keys.queue())
         .key(keys.alive())
+        .key(keys.fence())
+        .key(keys.asks())
         .arg(secret)
         .arg(tell)
-        .arg(keys.turn())
         .invoke_async(c)
         .await
         .expect("release script");

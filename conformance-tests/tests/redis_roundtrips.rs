@@ -674,3 +674,46 @@ async fn hand_overs_along_100_waiters_cost_one_script_call_each() {
     // inside the chain (a handful). Asking after each "your turn" would double it.
     assert!(calls <= 101 + 20, "{calls} script calls for 100 hand-overs");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permits_waiter_is_told_on_its_clients_channel_with_no_subscription_of_its_own() {
+    let (server, mut admin, locks) = setup().await;
+    let watched = AcquireOptions::with_ttl(Duration::from_secs(30));
+    let held = locks
+        .semaphore("permits", 1)
+        .expect("semaphore")
+        .options(watched.clone())
+        .try_acquire()
+        .await
+        .expect("permit");
+    let waiter = own_client(&server).await;
+    let sem = waiter
+        .semaphore("permits", 1)
+        .expect("semaphore")
+        .options(watched.clone());
+    // Its client's channel, subscribed once by a first waiting acquire.
+    let warm = waiter
+        .acquire("warm-waiter", &watched, Duration::from_secs(10))
+        .await
+        .expect("acquire");
+    assert!(warm.release().await.expect("release"));
+    let before = command_calls(&mut admin).await;
+    let task = tokio::spawn(async move { sem.acquire(Duration::from_secs(10)).await });
+    let name = LockName::new("semaphore/permits").expect("valid");
+    until_queued(&mut admin, &name, 1).await;
+    assert!(held.release().await.expect("release"));
+    let permit = task.await.expect("waiter").expect("granted");
+    let after = command_calls(&mut admin).await;
+    // Its try, the release (which tells it), its try again: no (un)subscribe.
+    let ran = ran(&before, &after);
+    assert_eq!(
+        ran.get("evalsha"),
+        Some(&3),
+        "requests per hand-over: {ran:?}"
+    );
+    assert!(
+        !ran.contains_key("subscribe") && !ran.contains_key("unsubscribe"),
+        "a waiter subscribed for one acquire: {ran:?}"
+    );
+    assert!(permit.release().await.expect("release"));
+}

@@ -193,24 +193,22 @@ impl RedlockBackend {
         // The first round counts (see `acquire`).
         let mut rounds = 1;
         let arbiter = self.arbiter_of(keys);
-        // Subscribed before the next round (at once) joins the queue, so a turn told since the
-        // first round is kept. A node that cannot subscribe just does not wake us.
-        let (turn, announced) = tokio::join!(
-            self.nodes[arbiter].subscribe_turn(keys, who.0),
-            join_all(
-                self.others(arbiter)
-                    .map(|i| self.nodes[i].subscribe_releases(keys))
-            ),
-        );
-        let mut turn = turn.ok();
-        let mut subs: Vec<Subscription> = announced.into_iter().filter_map(Result::ok).collect();
+        // Listening on the arbiter's node (its client's turn channel, subscribed once) before
+        // the next round (at once) joins the queue, so a turn told since the first round is
+        // kept. A node that cannot subscribe just does not wake us.
+        let mut turn = self.nodes[arbiter].turn(who.0).await.ok();
+        // The other nodes' announcements, listened to only once the arbiter is silent.
+        let mut subs: Vec<Subscription> = Vec::new();
         let mut arbiter_answers = true;
         let mut told = false;
         // Learned at the first announcement, which only comes while the arbiter is silent.
         let mut spread = None;
         loop {
             // What was told or announced before this round is answered by it.
-            for s in turn.iter_mut().chain(subs.iter_mut()) {
+            if let Some(t) = turn.as_mut() {
+                t.mark_seen();
+            }
+            for s in &mut subs {
                 s.mark_seen();
             }
             let outcome = if arbiter_answers {
@@ -226,6 +224,21 @@ impl RedlockBackend {
             rounds += 1;
             if self.out_of_time(rounds, deadline) {
                 return Err(timed_out(name, started));
+            }
+            if !arbiter_answers && subs.is_empty() {
+                subs = join_all(
+                    self.others(arbiter)
+                        .map(|i| self.nodes[i].subscribe_releases(keys)),
+                )
+                .await
+                .into_iter()
+                .filter_map(Result::ok)
+                .collect();
+                // A release announced before these subscriptions is seen by the next round,
+                // sent at once.
+                if !subs.is_empty() {
+                    continue;
+                }
             }
             let (lo, hi) = self.options.retry_delay;
             let pause = rand::rng().random_range(lo..=hi);
