@@ -11,7 +11,7 @@
 //! followed by `#<limit>` when its limit is not 1, so a waiter reads every limit ahead of it from
 //! the queue itself. Each waiter's ask (`asks` hash, member -> `<ttl ms>:<holder>:<channel>`,
 //! the TTL empty for a waiter that is only woken) names its client's turn channel, where a
-//! message `t:<secret>` says "your turn" and `g<token>:<secret>` "granted" ([`HAND_ON`]). An
+//! message `t:<secret>` says "your turn" and `g<token>:<secret>` "granted" (`HAND_ON`). An
 //! exclusive holder (a lock, a writer) is the lock key; shared holders (permits, readers) are the
 //! fields of the name's `shared` hash, `<secret>` -> `<expiry ms>:<token>:<limit><holder>` by the
 //! server's clock, the hash itself kept alive as long as its longest field ([`ADMIT`]).
@@ -241,7 +241,7 @@ end
 ///   our queue and wakes none of our waiters): return `{-4, 0}`, refused (nothing joined). Not on
 ///   a Redlock arbiter, whose queue is Redlock's own: there it is a holder like any other.
 /// * Held by another: a waiter joins the queue (arrival order, first join only, with its ask:
-///   `<ttl>:<holder>:<channel>`, what a release needs to grant it, [`HAND_ON`]; an arbiter's
+///   `<ttl>:<holder>:<channel>`, what a release needs to grant it, `HAND_ON`; an arbiter's
 ///   waiter with no TTL: it is only woken) and refreshes its
 ///   liveness; return `{0, pttl}` (the next re-check bound). A re-check that finds the lock
 ///   handed to it already takes the case above.
@@ -333,7 +333,7 @@ return {{1, token}}
 /// KEYS: queue, alive, lock, fence, asks. ARGV: queue member (the secret, with `#<limit>` for a
 /// permit or a reader, as [`ADMIT`] queued it).
 /// A waiter that gives up (timeout, error, cancellation) leaves the queue. If a release handed
-/// it the lock meanwhile ([`HAND_ON`]: the grant may be in flight to it, or never read), it lets
+/// it the lock meanwhile (`HAND_ON`: the grant may be in flight to it, or never read), it lets
 /// go of it. If the lock is then free, it goes on to the new head at once instead of at its next
 /// re-check.
 pub static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
@@ -623,7 +623,7 @@ return 1
 /// KEYS: lock, queue, alive, fence, asks (the lock alone with `none`, which reads no other key:
 /// a plain key has no queue, and on Cluster it shares no slot with one). ARGV: secret, whom to
 /// tell (`head`, `leave` or `none`). DEL only if ours, then:
-/// * `head`: hand the lock on to the live head of the queue ([`HAND_ON`]: granted to a lock's
+/// * `head`: hand the lock on to the live head of the queue (`HAND_ON`: granted to a lock's
 ///   waiter, "your turn" to another), if any. A release nobody waits for publishes nothing; one
 ///   message to one waiter: a release wakes one connection, not every waiter's.
 /// * `leave`: the same, once we left the queue (a Redlock holder the name's arbiter granted

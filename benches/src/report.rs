@@ -367,6 +367,64 @@ fn is_peer(label: &str) -> bool {
     PEERS.iter().any(|(peer, _)| *peer == label)
 }
 
+/// What an unmet target of this report comes from, as traced (a target row containing the
+/// key), and the design that would meet it.
+const CAUSES: [(&str, &str); 3] = [
+    (
+        "redlock x3",
+        "a first round is a plain `SET NX` on every node, the name's arbiter included, so it \
+         passes the arbiter's queue: the releaser's own next first round races the head its \
+         release just told, and often wins (traced at 0.5 ms RTT: one client taking the lock back \
+         three times in a row), leaving split rounds and told heads asking again. Design: the \
+         arbiter refuses a first ask while a live head waits (the `ACQUIRE` script, not joining), \
+         and its release grants that head there, as a single server's release does, so the head \
+         asks only the other nodes",
+    ),
+    (
+        "etcd",
+        "requests per hand-over grow with the queue (see the hand-over and crowd tables): a \
+         waiter beyond the 8 keys it reads follows the farthest of them with a watch of its own, \
+         and each hand-over brings one waiter within reach, which reads again and opens its \
+         client's shared watch of the name; the releaser enqueues again (a txn and a read); and \
+         every write is a commit synced to disk, so the floor is a round trip plus a commit. \
+         Design: every waiter of a client keeps the name's one shared watch and counts the \
+         deletes ahead of it there, with no watch of its own and no read on moving up",
+    ),
+    (
+        "zk",
+        "each hand-over is two writes the server commits in order, each synced to disk (the \
+         release's delete, the releaser's enqueue: an uncontended write measured about one \
+         round trip plus 0.3 ms at 0.5 ms RTT), and the server counts about 8 requests per \
+         hand-over (pings included: the enqueue's create and listing, the watches of the two \
+         nodes ahead, the check of the waiter two back). ZooKeeper's own recipe is no faster. \
+         Not traced further yet",
+    ),
+];
+
+/// The causes of the unmet hand-over targets among the target rows `targets`.
+fn causes(targets: &str) -> String {
+    let unmet: Vec<&str> = targets
+        .lines()
+        .filter(|l| l.ends_with("NOT met |") && l.contains("hand-over"))
+        .collect();
+    let found: Vec<String> = CAUSES
+        .iter()
+        .filter(|(key, _)| {
+            unmet
+                .iter()
+                .any(|l| l.contains(&format!(", {key} x")) || l.contains(&format!("| {key} ")))
+        })
+        .map(|(key, cause)| format!("- **{key}**: {cause}.\n"))
+        .collect();
+    if found.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nWhere hand-over targets are not met, as traced:\n\n{}",
+        found.concat()
+    )
+}
+
 fn mark(ok: bool) -> &'static str {
     if ok { "met" } else { "NOT met" }
 }
@@ -533,7 +591,9 @@ impl Report {
                 crowd(&|c| c.requests_per_handover, 1),
             ));
         }
-        md.push_str(&self.targets());
+        let targets = self.targets();
+        md.push_str(&targets);
+        md.push_str(&causes(&targets));
         md.push_str(&self.gap());
         md.push_str("\n![hand-over latency](bench-handover.svg)\n");
         md
@@ -572,7 +632,8 @@ impl Report {
         for n in &self.networks {
             out.push_str(&n.targets());
         }
-        for s in &self.scale {
+        // The memory backend's store lives in the bench's process: its RSS is the server's too.
+        for s in self.scale.iter().filter(|s| s.backend != "memory") {
             // 150 MB per 100 000 leases.
             let limit = 1.5 * s.held.leases as f64 / 1000.0;
             out.push_str(&format!(
