@@ -375,10 +375,11 @@ const CAUSES: [(&str, &str); 3] = [
         "a first round is a plain `SET NX` on every node, the name's arbiter included, so it \
          passes the arbiter's queue: the releaser's own next first round races the head its \
          release just told, and often wins (traced at 0.5 ms RTT: one client taking the lock back \
-         three times in a row), leaving split rounds and told heads asking again. Design: the \
-         arbiter refuses a first ask while a live head waits (the `ACQUIRE` script, not joining), \
-         and its release grants that head there, as a single server's release does, so the head \
-         asks only the other nodes",
+         three times in a row), leaving split rounds and told heads asking again. Design: while \
+         the arbiter answers, its queue decides: a first ask there is the `ACQUIRE` script \
+         without joining, refused while a live head waits, and a round it refuses gives back what \
+         the other nodes granted even if they are a majority (today a newcomer with a majority \
+         wins); the release grants the head on the arbiter, so the head asks only the others",
     ),
     (
         "etcd",
