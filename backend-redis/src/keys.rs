@@ -8,7 +8,7 @@
 //! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held; `...:<value>` appended once an election's leader announced `value` |
 //! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
 //! | `{p:B}:released:<encoded n>` | pub/sub channel | on Redlock nodes, a message at every release (Redlock waiters listen there; they do not queue) |
-//! | `{p:grants}:<client id>` | pub/sub channel | one client's queued waiters: `t:<owner secret hex>` "your turn", `g<token>:<owner secret hex>` a grant a release made to a lock's waiter |
+//! | `{p:grants:<client id>}` | pub/sub channel | one client's queued waiters: `t:<owner secret hex>` "your turn", `g<token>:<owner secret hex>` a grant a release made to a lock's waiter |
 //! | `{p:B}:leader:<encoded n>` | pub/sub channel | a message at every announcement of an election's leader (observers listen there) |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
@@ -114,11 +114,12 @@ impl LockKeys {
 }
 
 /// The turn channel of one client (`id`: random, 32 hex digits) under `prefix`. It starts with
-/// `{p:` as every key and channel of the prefix does (one ACL pattern covers them all); its tag
-/// is no bucket's, since a client's waiters wait on names of every slot (pub/sub reaches every
-/// Cluster node).
+/// `{p:` as every key and channel of the prefix does (one ACL pattern covers them all). Its tag
+/// is its own, not a bucket's: a client's waiters wait on names of every slot (pub/sub reaches
+/// every Cluster node), and clients' channels spread over the nodes, so one node lost leaves
+/// the others' waiters told.
 pub fn grants_channel(prefix: &str, id: u128) -> String {
-    format!("{{{prefix}:grants}}:{id:032x}")
+    format!("{{{prefix}:grants:{id:032x}}}")
 }
 
 /// The part of the lock key between the tag and the name.

@@ -37,9 +37,10 @@ impl RedisBackend {
         let holder = HolderInfo::now();
         let started = Instant::now();
         let waiting = deadline.is_some();
-        let mut turn = match waiting {
-            true => Some(self.turn(&secret).await?),
-            false => None,
+        let mut turn = if waiting {
+            Some(self.turn(&secret).await?)
+        } else {
+            None
         };
         let ask = match admission {
             None => Ask::Fenced { waiting },
@@ -120,12 +121,12 @@ impl RedisBackend {
                 _ = sleep_until((now + wait + jitter).min(deadline)) => {}
             }
             if let Some(token) = sub.granted() {
-                // A release granted us (a lock's waiter) the lock for at most our liveness, which our last re-check
-                // (sent at `sent`, answered "busy") set to its arrival + WAITER_TTL: the grant
-                // came later, so it is valid until at least `sent` + `first`. Held on receipt,
-                // unless that leaves too little of the window or replicas must acknowledge it
-                // (`WAIT` needs a write of our own): then the re-check finds it ours and renews
-                // it to the TTL.
+                // A release granted us (a lock's waiter) the lock for at most our liveness,
+                // which our last re-check (sent at `sent`, answered "busy") set to its arrival +
+                // WAITER_TTL: the grant came later, so it is valid until at least `sent` +
+                // `first`. Held on receipt, unless that leaves too little of the window or
+                // replicas must acknowledge it (`WAIT` needs a write of our own): then the
+                // re-check finds it ours and renews it to the TTL.
                 let first = ttl.min(WAITER_TTL);
                 if self.options.min_replicas == 0 && sent.elapsed() <= first / 4 {
                     QueueGuard::keep_if_any(queued);

@@ -548,7 +548,7 @@ async fn until_listening(admin: &mut redis::aio::MultiplexedConnection, n: usize
     for _ in 0..500 {
         let channels: Vec<String> = redis::cmd("PUBSUB")
             .arg("CHANNELS")
-            .arg("*:grants}:*")
+            .arg("*:grants:*")
             .query_async(admin)
             .await
             .expect("PUBSUB CHANNELS");
