@@ -200,7 +200,7 @@ impl EtcdBackend {
                 }
             }
         }
-        let mut watch = self.inner.watches.subscribe(self, prefix);
+        let mut watch = self.inner.watches.subscribe(self, prefix, ahead.admission);
         let Some(live) = watch.live().await else {
             return Ok(false);
         };
