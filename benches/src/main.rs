@@ -12,9 +12,10 @@
 //!
 //! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, the peers),
 //! hand-over with 8 and 64 clients on one name, election, semaphore and read-write mix, 1 000
-//! names under 256 tasks, and 10 000 leases held with the watchdog on. The uncontended and
-//! hand-over tables run twice: on loopback, then through latency links that add `--delay-us`
-//! (default 250) each way, a datacenter's 0.5 ms round trip (`--delay-us 0` skips that pass).
+//! names under 256 tasks, and 10 000 leases held with the watchdog on. The uncontended,
+//! hand-over, semaphore and read-write tables run twice: on loopback, then through latency links
+//! that add `--delay-us` (default 250) each way, a datacenter's 0.5 ms round trip
+//! (`--delay-us 0` skips that pass).
 
 mod election;
 mod handover;
@@ -370,6 +371,49 @@ async fn lock_tables(t: &Target, size: Size, out: &mut Network) {
     }
 }
 
+/// The semaphore and read-write rows of `t` on the network `label`: medians of `size.rounds`
+/// rounds, each a lock hand-over, a semaphore run and a read-write mix with as many clients.
+async fn primitives_row(t: &Target, size: Size, label: &str) -> Primitives {
+    let (mut locks, mut permits, mut mixes) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..size.rounds {
+        let grants = size.grants / t.slow;
+        let mut waiters = Vec::new();
+        for _ in 0..CONTENDERS {
+            waiters.push(Waiter::ours(connect(&t.url).await));
+        }
+        locks.push(handover(waiters, "bench/lock-16", grants, size.budget).await);
+        let mut clients = Vec::new();
+        for _ in 0..CONTENDERS {
+            clients.push(connect(&t.url).await);
+        }
+        permits.push(primitives::semaphore(clients, "bench", PERMITS, grants, size.budget).await);
+        let mut clients = Vec::new();
+        for _ in 0..CONTENDERS {
+            clients.push(connect(&t.url).await);
+        }
+        mixes.push(primitives::read_write(clients, "bench", grants, size.budget).await);
+    }
+    let per_sec = mixes
+        .iter()
+        .map(|m| Stats {
+            per_sec: m.per_sec,
+            ..Stats::default()
+        })
+        .collect::<Vec<_>>();
+    Primitives {
+        backend: t.label.to_string(),
+        network: label.to_string(),
+        clients: CONTENDERS,
+        permits: PERMITS,
+        lock: median(&locks),
+        semaphore: median(&permits),
+        mix_per_sec: median(&per_sec).per_sec,
+        read: median(&mixes.iter().map(|m| m.read).collect::<Vec<_>>()),
+        write: median(&mixes.iter().map(|m| m.write).collect::<Vec<_>>()),
+        rw_handover: median(&mixes.iter().map(|m| m.handover).collect::<Vec<_>>()),
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -469,46 +513,9 @@ async fn main() {
 
         // Neither keeps a queue that admits by policy: no semaphores or read-write locks there.
         if !t.lock_only {
-            let (mut locks, mut permits, mut mixes) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..size.rounds {
-                let grants = size.grants / t.slow;
-                let mut waiters = Vec::new();
-                for _ in 0..CONTENDERS {
-                    waiters.push(Waiter::ours(connect(&t.url).await));
-                }
-                locks.push(handover(waiters, "bench/lock-16", grants, size.budget).await);
-                let mut clients = Vec::new();
-                for _ in 0..CONTENDERS {
-                    clients.push(connect(&t.url).await);
-                }
-                permits.push(
-                    primitives::semaphore(clients, "bench", PERMITS, grants, size.budget).await,
-                );
-                let mut clients = Vec::new();
-                for _ in 0..CONTENDERS {
-                    clients.push(connect(&t.url).await);
-                }
-                mixes.push(primitives::read_write(clients, "bench", grants, size.budget).await);
-            }
-            report.primitives.push(Primitives {
-                backend: t.label.to_string(),
-                clients: CONTENDERS,
-                permits: PERMITS,
-                lock: median(&locks),
-                semaphore: median(&permits),
-                mix_per_sec: median(
-                    &mixes
-                        .iter()
-                        .map(|m| Stats {
-                            per_sec: m.per_sec,
-                            ..Stats::default()
-                        })
-                        .collect::<Vec<_>>(),
-                )
-                .per_sec,
-                read: median(&mixes.iter().map(|m| m.read).collect::<Vec<_>>()),
-                write: median(&mixes.iter().map(|m| m.write).collect::<Vec<_>>()),
-            });
+            report
+                .primitives
+                .push(primitives_row(t, size, &loopback.label).await);
         }
 
         // The other clients of this server go first: their keep-alives would blur the server's
@@ -592,6 +599,17 @@ async fn main() {
         for t in &mut targets {
             eprintln!("== {}, {}", t.label, network.label);
             lock_tables(t, Size { rounds, ..size }, &mut network).await;
+            // A quarter of the grants: each takes ten times as long as on loopback.
+            if !t.lock_only {
+                let size = Size {
+                    rounds,
+                    grants: size.grants / 4,
+                    ..size
+                };
+                report
+                    .primitives
+                    .push(primitives_row(t, size, &network.label).await);
+            }
         }
         report.networks.push(network);
     }
