@@ -1,0 +1,159 @@
+//! The scripts of the policies a queue admits more than one holder under (permits, readers),
+//! and of exclusive holders queued beside them (writers).
+
+use std::sync::LazyLock;
+
+use super::Lua;
+use super::helpers::PURGE;
+
+/// KEYS: lock, fence, queue, alive, shared, asks. ARGV: secret, ttl ms, waiting (0/1), waiter
+/// ttl ms, limit, policy (`x` exclusive: the holder is the lock key; `p` a permit and `s` a
+/// reader: a field of the shared hash), holder segment, the client's turn channel. The queue for every policy
+/// but a plain lock's ([`ACQUIRE`](super::ACQUIRE), which keeps its three-command fast path; a lock's name never
+/// has shared holders). In order:
+/// * ours already (a retry after a lost reply): refresh, return `{1, token}`;
+/// * the lock key held under a value distlock does not write: return `{-4, 0}` (as [`ACQUIRE`](super::ACQUIRE));
+/// * the limits ahead of us: the lock key's holder (1), each live shared holder (expired fields
+///   are dropped), each live waiter queued before us;
+/// * a permit seeing another limit ahead leaves the queue and returns `{-2, their limit}`;
+/// * admitted (fewer ahead than the smallest limit among them and us): INCR the counter, take
+///   the lock key or a shared field, leave the queue, and tell the new head if it is admitted
+///   now too (readers behind a writer are woken one by one, each by the one before); return
+///   `{1, token}`;
+/// * else a waiter joins (first join only, with an ask that has no TTL: it is only woken) and
+///   refreshes its liveness; return `{0, bound}`, the
+///   time until the first holder's expiry (the next re-check), or -3.
+pub static ADMIT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        r#"{PURGE}
+local lock, fence, queue, alive, shared, asks = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local me, ttl, waiting, wttl = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4])
+local limit, policy = tonumber(ARGV[5]), ARGV[6]
+local member = me
+if limit ~= 1 then
+  member = me .. '#' .. limit
+end
+local function limit_of(m)
+  return tonumber(string.match(m, '#(%d+)$')) or 1
+end
+local now, arrival = clock()
+local holders, ahead, bound = {{}}, {{}}, -3
+local function soon(ms)
+  if ms >= 0 and (bound < 0 or ms < bound) then
+    bound = ms
+  end
+end
+local cur = redis.call('GET', lock)
+if cur then
+  if string.sub(cur, 1, 33) == me .. ':' then
+    redis.call('PEXPIRE', lock, ttl)
+    return {{1, tonumber(string.match(cur, '^%x+:(%d+)'))}}
+  end
+  if not distlock_value(cur) then
+    return {{-4, 0}}
+  end
+  holders[#holders + 1] = 1
+  soon(redis.call('PTTL', lock))
+end
+local held = redis.call('HGETALL', shared)
+for i = 1, #held, 2 do
+  local exp, token, lim, who = string.match(held[i + 1], '^(%d+):(%d+):(%d+)(.*)$')
+  exp = tonumber(exp)
+  if exp <= now then
+    redis.call('HDEL', shared, held[i])
+  elseif held[i] == me then
+    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. lim .. who)
+    keep_hash(shared, ttl)
+    return {{1, tonumber(token)}}
+  else
+    holders[#holders + 1] = tonumber(lim)
+    soon(exp - now)
+  end
+end
+for _, l in ipairs(holders) do
+  ahead[#ahead + 1] = l
+end
+purge(queue, alive, now, asks)
+for _, w in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+  if w == member then
+    break
+  end
+  ahead[#ahead + 1] = limit_of(w)
+end
+if policy == 'p' then
+  for _, l in ipairs(ahead) do
+    if l ~= limit then
+      redis.call('ZREM', queue, member)
+      redis.call('ZREM', alive, member)
+      redis.call('HDEL', asks, member)
+      return {{-2, l}}
+    end
+  end
+end
+local smallest = limit
+for _, l in ipairs(ahead) do
+  smallest = math.min(smallest, l)
+end
+if #ahead < smallest then
+  local token = redis.call('INCR', fence)
+  if policy == 'x' then
+    redis.call('SET', lock, me .. ':' .. token .. ARGV[7], 'PX', ttl)
+  else
+    redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. limit .. ARGV[7])
+    keep_hash(shared, ttl)
+  end
+  redis.call('ZREM', queue, member)
+  redis.call('ZREM', alive, member)
+  redis.call('HDEL', asks, member)
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if head then
+    local small = math.min(limit, limit_of(head))
+    for _, l in ipairs(holders) do
+      small = math.min(small, l)
+    end
+    if #holders + 1 < small then
+      tell(asks, head)
+    end
+  end
+  return {{1, token}}
+end
+if waiting then
+  if redis.call('ZADD', queue, 'NX', arrival, member) == 1 then
+    redis.call('HSET', asks, member, ':' .. ARGV[7] .. ':' .. ARGV[8])
+  end
+  redis.call('ZADD', alive, now + wttl, member)
+  redis.call('PEXPIRE', queue, wttl)
+  redis.call('PEXPIRE', alive, wttl)
+  redis.call('PEXPIRE', asks, wttl)
+end
+return {{0, bound}}
+"#
+    ))
+});
+
+/// KEYS: shared, queue, alive, asks. ARGV: secret. Removes our shared field
+/// (a permit's or a reader's), then tells the queue's live head. Returns 1 if it was ours and
+/// live, 0 otherwise (an expired field of ours is removed all the same).
+pub static RELEASE_SHARED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        r#"{PURGE}
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if not cur then
+  return 0
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+local now = now_ms()
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  purge(KEYS[2], KEYS[3], now, KEYS[4])
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if head then
+    tell(KEYS[4], head)
+  end
+end
+if tonumber(string.match(cur, '^(%d+):')) <= now then
+  return 0
+end
+return 1
+"#
+    ))
+});
