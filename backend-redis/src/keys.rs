@@ -8,11 +8,11 @@
 //! | `{p:B}:lock:<encoded n>` | string, with PX | `<owner secret hex>:<fencing token>` while held; `...:<value>` appended once an election's leader announced `value` |
 //! | `{p:B}:fence` | integer, no TTL | the last fencing token handed out in bucket `B` |
 //! | `{p:B}:released:<encoded n>` | pub/sub channel | on Redlock nodes, a message at every release (Redlock waiters listen there; they do not queue) |
-//! | `{p:grants:<client id>}` | pub/sub channel | one client's queued waiters: `t:<owner secret hex>` "your turn", `g<token>:<owner secret hex>` a grant a release made to a lock's waiter |
+//! | `{p:grants:<client id>}` | pub/sub channel | one client's queued waiters: `t:<owner secret hex>` "your turn", `g<token>:<owner secret hex>` a grant a release made to the waiter (the lock key or a shared field) |
 //! | `{p:B}:leader:<encoded n>` | pub/sub channel | a message at every announcement of an election's leader (observers listen there) |
 //! | `{p:B}:queue:<encoded n>` | sorted set, with PX | waiting owners by arrival (server time, µs) |
 //! | `{p:B}:alive:<encoded n>` | sorted set, with PX | waiting owners by liveness deadline (ms) |
-//! | `{p:B}:asks:<encoded n>` | hash, with PX | waiting owners (queue members) -> `<ttl ms>:<holder>:<client channel>`: where to tell each, and what a release needs to grant a lock's waiter on its behalf (no TTL: only told) |
+//! | `{p:B}:asks:<encoded n>` | hash, with PX | waiting owners (queue members) -> `<ttl ms>:<holder>:<client channel>` (a lock's), `:<policy><ttl ms><holder>:<client channel>` (a permit's `p`, reader's `s`, writer's `x`): where to tell each, and what a release needs to grant it on its behalf (a Redlock arbiter's, `:<holder>:<channel>`: only told) |
 //! | `{p:B}:shared:<encoded n>` | hash, with PX | a semaphore's permit holders or a read-write lock's readers: owner secret -> `<expiry ms>:<fencing token>:<limit>` |
 //!
 //! `B` is a bucket, `fnv1a64(encoded n) % 1024`, inside the hash tag. Why buckets: the fencing
@@ -84,7 +84,7 @@ impl LockKeys {
         self.key("alive:", true)
     }
 
-    /// What each of a lock's waiters asks for (TTL, holder), read by the release that grants it.
+    /// What each waiter asks for (TTL, holder, policy), read by the release that grants it.
     pub fn asks(&self) -> Key<'_> {
         self.key("asks:", true)
     }

@@ -1,8 +1,8 @@
 //! Release notifications: one subscription per channel per client, shared by all its waiters,
 //! carried as RESP3 pushes on the client's one connection (no extra subscriber connection). A
-//! queued waiter is told its turn (and a lock's waiter its grant) on its client's turn channel,
-//! subscribed once for the client's life; Redlock waiters whose arbiter is silent listen for
-//! the other nodes' announcements on the name's channel.
+//! queued waiter is told its grant (a Redlock arbiter's waiter its turn) on its client's turn
+//! channel, subscribed once for the client's life; Redlock waiters whose arbiter is silent
+//! listen for the other nodes' announcements on the name's channel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

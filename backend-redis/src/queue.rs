@@ -194,20 +194,21 @@ impl RedisBackend {
     }
 
     /// Takes a waiter that gives up (or a Redlock holder its arbiter did not grant) out of the
-    /// queue, lets go of the lock if a release handed it over meanwhile, and hands it on if it
-    /// is free ([`scripts::LEAVE`]). `member` is the entry as it was queued
+    /// queue, lets go of the lock or the shared field a release granted it meanwhile, and hands
+    /// on what is free ([`scripts::LEAVE`]). `member` is the entry as it was queued
     /// ([`queue_member`]). Best effort: a waiter left behind is dropped when its liveness runs
     /// out.
     pub(crate) async fn leave_queue(&self, keys: &LockKeys, member: &[u8]) {
         let mut conn = self.conn.clone();
         let left: Result<i64> = self
             .run(
-                Call::new(&scripts::LEAVE, 5)
+                Call::new(&scripts::LEAVE, 6)
                     .arg(keys.queue())
                     .arg(keys.alive())
                     .arg(&keys.lock)
                     .arg(keys.fence())
                     .arg(keys.asks())
+                    .arg(keys.shared())
                     .arg(member),
                 &mut conn,
             )

@@ -10,7 +10,7 @@ use crate::scripts::{self, Call};
 /// Whom a release wakes.
 #[derive(Clone, Copy)]
 pub(crate) enum Tell {
-    /// The live head of the name's queue, if any: a lock's waiter is granted the lock.
+    /// The live head of the name's queue, if any: a lock's or a policy's waiter is granted.
     QueueHead,
     /// The same, once the releaser left the queue (a Redlock holder its arbiter granted).
     LeaveQueue,
@@ -45,7 +45,7 @@ impl RedisBackend {
         self.release_telling(keys, secret, tell, sent).await
     }
 
-    /// Releases a shared grant (a permit, a read lease) and wakes the queue's head.
+    /// Releases a shared grant (a permit, a read lease) and grants the queue's heads that fit.
     pub(crate) async fn release_shared(
         &self,
         keys: &LockKeys,
@@ -53,11 +53,13 @@ impl RedisBackend {
         sent: Sent,
     ) -> Result<bool> {
         let mut conn = self.conn.clone();
-        let mut call = Call::new(&scripts::RELEASE_SHARED, 4);
+        let mut call = Call::new(&scripts::RELEASE_SHARED, 6);
         call.arg(keys.shared())
             .arg(keys.queue())
             .arg(keys.alive())
             .arg(keys.asks())
+            .arg(&keys.lock)
+            .arg(keys.fence())
             .arg(&secret.expose_hex_bytes()[..]);
         let call = match sent {
             Sent::Hash => call,
@@ -78,14 +80,15 @@ impl RedisBackend {
         let mut conn = self.conn.clone();
         let mut call = match tell {
             Tell::Nobody => Call::new(&scripts::RELEASE, 1),
-            _ => Call::new(&scripts::RELEASE, 5),
+            _ => Call::new(&scripts::RELEASE, 6),
         };
         call.arg(&keys.lock);
         if !matches!(tell, Tell::Nobody) {
             call.arg(keys.queue())
                 .arg(keys.alive())
                 .arg(keys.fence())
-                .arg(keys.asks());
+                .arg(keys.asks())
+                .arg(keys.shared());
         }
         call.arg(&secret.expose_hex_bytes()[..]);
         // The script's second argument: see `scripts::RELEASE`.

@@ -22,8 +22,8 @@ impl RedisBackend {
     /// channel (subscribed once per client) before its first try, which goes out alone (an
     /// uncontended acquire is one script call). Then it is woken only when its turn comes (a
     /// connection drop too), and re-checks then, when the first holder's TTL runs out, and at
-    /// least every second (which keeps its place). A lock's waiter is granted by the release
-    /// itself and holds on the message, sending nothing. Leaves the queue on timeout, error or
+    /// least every second (which keeps its place). A waiter is granted by the release itself (a
+    /// Redlock arbiter's waiter is only told) and holds on the message, sending nothing. Leaves the queue on timeout, error or
     /// cancellation.
     pub(crate) async fn queued(
         &self,
@@ -49,17 +49,18 @@ impl RedisBackend {
         // A try joins nothing, so it has nothing to leave.
         let queued =
             waiting.then(|| QueueGuard::new(self, &keys, queue_member(&secret, admission)));
+        // What a grant is: a field of the shared hash (a permit, a reader) or the lock key.
+        let resource = if ask.shared() {
+            keys.shared().to_string()
+        } else {
+            keys.lock.clone()
+        };
         loop {
             let sent = Instant::now();
             let pttl_ms = match self.attempt(&keys, (&secret, &holder), ttl, ask).await {
                 Ok(Attempt::Granted(token)) => {
                     // The script took us out of the queue with the grant.
                     QueueGuard::keep_if_any(queued);
-                    let resource = if ask.shared() {
-                        keys.shared().to_string()
-                    } else {
-                        keys.lock
-                    };
                     let token = Some(FencingToken(token));
                     return Ok(Grant::own_ttl(
                         name,
@@ -121,7 +122,8 @@ impl RedisBackend {
                 _ = sleep_until((now + wait + jitter).min(deadline)) => {}
             }
             if let Some(token) = sub.granted() {
-                // A release granted us (a lock's waiter) the lock for at most our liveness,
+                // A release granted us the lock, a permit or a read or write lease for at most
+                // our liveness,
                 // which our last re-check (sent at `sent`, answered "busy") set to its arrival +
                 // WAITER_TTL: the grant came later, so it is valid until at least `sent` +
                 // `first`. Held on receipt, unless that leaves too little of the window or
@@ -132,7 +134,7 @@ impl RedisBackend {
                     QueueGuard::keep_if_any(queued);
                     let grant = Grant::own_ttl(
                         name,
-                        keys.lock,
+                        resource,
                         (secret, holder),
                         Some(FencingToken(token)),
                         ttl,

@@ -45,19 +45,92 @@ local function keep_hash(shared, ttl)
 end
 "#;
 
-/// The Lua helper (after [`PURGE`]'s) that hands a free lock on: `hand_on(lock, fence, queue,
-/// alive, asks, leaving)` takes `leaving` (if not nil) out of the queue, drops the dead
-/// waiters, then
-/// * grants the lock to the live head when it is a lock's waiter (its ask has a TTL): INCR the
-///   counter, `SET` the head's value for its TTL but no longer than its liveness has left (a
-///   waiter that died meanwhile holds it up no longer than a dead waiter holds up the queue),
-///   take it out of the queue, and publish `g<token>:<secret>` on its client's channel: the
-///   waiter holds on receipt, with no request of its own. Its validity counts from the send
-///   time of its last re-check, which set that liveness (see `wait`);
-/// * else tells the head "your turn" (a semaphore's or a read-write lock's waiter, a Redlock
-///   arbiter's).
+/// The Lua helpers (after [`PURGE`]'s) that hand a free lock, free permits or a free read-write
+/// lock on. A policy's waiter (a permit, a reader, a writer: [`ADMIT`](super::ADMIT)) asks
+/// `:<policy><ttl ms><holder>:<channel>`, `<policy>` one of `p`, `s`, `x`; an ask of another
+/// shape (a Redlock arbiter's waiter, an older client's) is only told.
+///
+/// `admit_heads(lock, fence, queue, alive, shared, asks, now)` counts the holders (the lock
+/// key's 1, each live shared field's limit; expired fields dropped) and, while the queue's head
+/// fits beside them by the policy rule (fewer holders than the smallest limit among them and
+/// it), grants it: INCR the counter, take the lock key (a writer) or a shared field (a permit,
+/// a reader) for its TTL but no longer than its liveness has left, take it out of the queue,
+/// and publish `g<token>:<secret>` on its client's channel. The head that does not fit waits;
+/// one that asked another way, or a permit of another limit than the holders', is told "your
+/// turn" and asks itself (the permit is then refused). So a writer's release grants every
+/// reader queued behind it in one script call.
+///
+/// `hand_on(lock, fence, queue, alive, asks, leaving, shared)` takes `leaving` (if not nil) out
+/// of the queue, drops the dead waiters, then
+/// * grants the lock to the live head when it is a lock's waiter (its ask `<ttl>:<holder>:
+///   <channel>` has a TTL), as above: the waiter holds on receipt, with no request of its own.
+///   Its validity counts from the send time of its last re-check, which set that liveness (see
+///   `wait`);
+/// * admits the heads by `admit_heads` when they are a policy's waiters (`shared` given);
+/// * else tells the head "your turn" (a Redlock arbiter's waiter).
 pub(super) const HAND_ON: &str = r#"
-local function hand_on(lock, fence, queue, alive, asks, leaving)
+local function limit_of(m)
+  return tonumber(string.match(m, '#(%d+)$')) or 1
+end
+local function admit_heads(lock, fence, queue, alive, shared, asks, now)
+  local ahead, smallest = {}, math.huge
+  local cur = redis.call('GET', lock)
+  if cur then
+    if not distlock_value(cur) then
+      return
+    end
+    ahead[1], smallest = 1, 1
+  end
+  local held = redis.call('HGETALL', shared)
+  for i = 1, #held, 2 do
+    local exp, lim = string.match(held[i + 1], '^(%d+):%d+:(%d+)')
+    if tonumber(exp) <= now then
+      redis.call('HDEL', shared, held[i])
+    else
+      ahead[#ahead + 1] = tonumber(lim)
+      smallest = math.min(smallest, tonumber(lim))
+    end
+  end
+  while true do
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not head then
+      return
+    end
+    local limit = limit_of(head)
+    if #ahead >= math.min(smallest, limit) then
+      return
+    end
+    local ask = redis.call('HGET', asks, head) or ''
+    local policy, ttl, who, grants = string.match(ask, '^:([psx])(%d+)([^:]*):(.+)$')
+    local live = tonumber(redis.call('ZSCORE', alive, head))
+    local other = false
+    if policy == 'p' then
+      for _, l in ipairs(ahead) do
+        other = other or l ~= limit
+      end
+    end
+    if not policy or not live or live <= now or other then
+      tell(asks, head)
+      return
+    end
+    local secret = string.sub(head, 1, 32)
+    local token = redis.call('INCR', fence)
+    local ms = math.min(tonumber(ttl), live - now)
+    if policy == 'x' then
+      redis.call('SET', lock, secret .. ':' .. token .. who, 'PX', ms)
+    else
+      redis.call('HSET', shared, secret, (now + ms) .. ':' .. token .. ':' .. limit .. who)
+      keep_hash(shared, ms)
+    end
+    redis.call('ZREM', queue, head)
+    redis.call('ZREM', alive, head)
+    redis.call('HDEL', asks, head)
+    redis.call('PUBLISH', grants, 'g' .. token .. ':' .. secret)
+    ahead[#ahead + 1] = limit
+    smallest = math.min(smallest, limit)
+  end
+end
+local function hand_on(lock, fence, queue, alive, asks, leaving, shared)
   if redis.call('EXISTS', queue) == 0 then
     return
   end
@@ -73,6 +146,10 @@ local function hand_on(lock, fence, queue, alive, asks, leaving)
     return
   end
   local ask = redis.call('HGET', asks, head)
+  if shared and ask and string.sub(ask, 1, 1) == ':' then
+    admit_heads(lock, fence, queue, alive, shared, asks, now)
+    return
+  end
   local ttl, who, grants = nil, nil, nil
   if ask then
     ttl, who, grants = string.match(ask, '^(%d+):([^:]*):(.+)$')

@@ -106,26 +106,28 @@ return {{1, token}}
     ))
 });
 
-/// KEYS: queue, alive, lock, fence, asks. ARGV: queue member (the secret, with `#<limit>` for a
-/// permit or a reader, as [`ADMIT`](super::ADMIT) queued it).
-/// A waiter that gives up (timeout, error, cancellation) leaves the queue. If a release handed
-/// it the lock meanwhile (`HAND_ON`: the grant may be in flight to it, or never read), it lets
-/// go of it. If the lock is then free, it goes on to the new head at once instead of at its next
-/// re-check.
+/// KEYS: queue, alive, lock, fence, asks, shared. ARGV: queue member (the secret, with
+/// `#<limit>` for a permit or a reader, as [`ADMIT`](super::ADMIT) queued it).
+/// A waiter that gives up (timeout, error, cancellation) leaves the queue. If a release granted
+/// it the lock key or a shared field meanwhile (`HAND_ON`: the grant may be in flight to it, or
+/// never read), it lets go of it. Unless the lock key is held, it then hands on to the new
+/// heads at once instead of at their next re-check.
 pub static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"{PURGE}{HAND_ON}
-local queue, alive, lock, fence, asks = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local queue, alive, lock, fence, asks, shared = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local secret = string.sub(ARGV[1], 1, 32)
 redis.call('ZREM', queue, ARGV[1])
 redis.call('ZREM', alive, ARGV[1])
 redis.call('HDEL', asks, ARGV[1])
+redis.call('HDEL', shared, secret)
 local cur = redis.call('GET', lock)
-if cur and string.sub(cur, 1, 33) == string.sub(ARGV[1], 1, 32) .. ':' then
+if cur and string.sub(cur, 1, 33) == secret .. ':' then
   redis.call('DEL', lock)
   cur = false
 end
 if not cur then
-  hand_on(lock, fence, queue, alive, asks, nil)
+  hand_on(lock, fence, queue, alive, asks, nil, shared)
 end
 return 1
 "#
@@ -171,11 +173,12 @@ return out
     ))
 });
 
-/// KEYS: lock, queue, alive, fence, asks (the lock alone with `none`, which reads no other key:
-/// a plain key has no queue, and on Cluster it shares no slot with one). ARGV: secret, whom to
-/// tell (`head`, `leave` or `none`). DEL only if ours, then:
+/// KEYS: lock, queue, alive, fence, asks, shared (the lock alone with `none`, which reads no
+/// other key: a plain key has no queue, and on Cluster it shares no slot with one). ARGV:
+/// secret, whom to tell (`head`, `leave` or `none`). DEL only if ours, then:
 /// * `head`: hand the lock on to the live head of the queue (`HAND_ON`: granted to a lock's
-///   waiter, "your turn" to another), if any. A release nobody waits for publishes nothing; one
+///   waiter, to a writer or to the readers behind a writer that released, "your turn" to a
+///   Redlock arbiter's waiter), if any. A release nobody waits for publishes nothing; one
 ///   message to one waiter: a release wakes one connection, not every waiter's.
 /// * `leave`: the same, once we left the queue (a Redlock holder the name's arbiter granted
 ///   stays at its head until then; see [`ACQUIRE`]).
@@ -199,7 +202,7 @@ local leaving = nil
 if ARGV[2] == 'leave' then
   leaving = ARGV[1]
 end
-hand_on(KEYS[1], KEYS[4], KEYS[2], KEYS[3], KEYS[5], leaving)
+hand_on(KEYS[1], KEYS[4], KEYS[2], KEYS[3], KEYS[5], leaving, KEYS[6])
 return 1
 "#
     ))

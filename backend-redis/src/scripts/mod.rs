@@ -9,16 +9,18 @@
 //!
 //! One queue serves every policy ([`distlock_api::Admission`]): a queued member is the secret,
 //! followed by `#<limit>` when its limit is not 1, so a waiter reads every limit ahead of it from
-//! the queue itself. Each waiter's ask (`asks` hash, member -> `<ttl ms>:<holder>:<channel>`,
-//! the TTL empty for a waiter that is only woken) names its client's turn channel, where a
+//! the queue itself. Each waiter's ask (`asks` hash, member -> `<ttl ms>:<holder>:<channel>`
+//! for a lock's, `:<policy><ttl ms><holder>:<channel>` for a policy's, `:<holder>:<channel>` for
+//! a Redlock arbiter's waiter, which is only woken) names its client's turn channel, where a
 //! message `t:<secret>` says "your turn" and `g<token>:<secret>` "granted" (`HAND_ON`). An
 //! exclusive holder (a lock, a writer) is the lock key; shared holders (permits, readers) are the
 //! fields of the name's `shared` hash, `<secret>` -> `<expiry ms>:<token>:<limit><holder>` by the
 //! server's clock, the hash itself kept alive as long as its longest field ([`ADMIT`]).
 //!
 //! Waiters queue in arrival order (a sorted set scored by server time) with a liveness set
-//! (scored by expiry, refreshed at every re-check): a release tells the live head on its client's
-//! channel, and a free lock promised to a live head is refused to everyone else. A waiter that
+//! (scored by expiry, refreshed at every re-check): a release grants the live heads that fit,
+//! each on its client's channel, and a free lock promised to a live head is refused to everyone
+//! else. A waiter that
 //! crashed stops refreshing and is dropped within the waiter TTL; one that gives up leaves at
 //! once ([`LEAVE`]). Both sets carry that TTL, so a name nobody waits on leaves no key behind.
 

@@ -4,37 +4,34 @@
 use std::sync::LazyLock;
 
 use super::Lua;
-use super::helpers::PURGE;
+use super::helpers::{HAND_ON, PURGE};
 
 /// KEYS: lock, fence, queue, alive, shared, asks. ARGV: secret, ttl ms, waiting (0/1), waiter
 /// ttl ms, limit, policy (`x` exclusive: the holder is the lock key; `p` a permit and `s` a
-/// reader: a field of the shared hash), holder segment, the client's turn channel. The queue for every policy
-/// but a plain lock's ([`ACQUIRE`](super::ACQUIRE), which keeps its three-command fast path; a lock's name never
-/// has shared holders). In order:
+/// reader: a field of the shared hash), holder segment, the client's turn channel. The queue
+/// for every policy but a plain lock's ([`ACQUIRE`](super::ACQUIRE), which keeps its
+/// three-command fast path; a lock's name never has shared holders). In order:
 /// * ours already (a retry after a lost reply): refresh, return `{1, token}`;
-/// * the lock key held under a value distlock does not write: return `{-4, 0}` (as [`ACQUIRE`](super::ACQUIRE));
+/// * the lock key held under a value distlock does not write: return `{-4, 0}` (as
+///   [`ACQUIRE`](super::ACQUIRE));
 /// * the limits ahead of us: the lock key's holder (1), each live shared holder (expired fields
 ///   are dropped), each live waiter queued before us;
 /// * a permit seeing another limit ahead leaves the queue and returns `{-2, their limit}`;
 /// * admitted (fewer ahead than the smallest limit among them and us): INCR the counter, take
-///   the lock key or a shared field, leave the queue, and tell the new head if it is admitted
-///   now too (readers behind a writer are woken one by one, each by the one before); return
-///   `{1, token}`;
-/// * else a waiter joins (first join only, with an ask that has no TTL: it is only woken) and
-///   refreshes its liveness; return `{0, bound}`, the
+///   the lock key or a shared field, leave the queue, and grant the heads that fit beside us
+///   now too (`admit_heads` in `HAND_ON`); return `{1, token}`;
+/// * else a waiter joins (first join only, with its ask `:<policy><ttl><holder>:<channel>`,
+///   what a release needs to grant it) and refreshes its liveness; return `{0, bound}`, the
 ///   time until the first holder's expiry (the next re-check), or -3.
 pub static ADMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        r#"{PURGE}
+        r#"{PURGE}{HAND_ON}
 local lock, fence, queue, alive, shared, asks = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local me, ttl, waiting, wttl = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4])
 local limit, policy = tonumber(ARGV[5]), ARGV[6]
 local member = me
 if limit ~= 1 then
   member = me .. '#' .. limit
-end
-local function limit_of(m)
-  return tonumber(string.match(m, '#(%d+)$')) or 1
 end
 local now, arrival = clock()
 local holders, ahead, bound = {{}}, {{}}, -3
@@ -105,21 +102,14 @@ if #ahead < smallest then
   redis.call('ZREM', queue, member)
   redis.call('ZREM', alive, member)
   redis.call('HDEL', asks, member)
-  local head = redis.call('ZRANGE', queue, 0, 0)[1]
-  if head then
-    local small = math.min(limit, limit_of(head))
-    for _, l in ipairs(holders) do
-      small = math.min(small, l)
-    end
-    if #holders + 1 < small then
-      tell(asks, head)
-    end
+  if redis.call('EXISTS', queue) == 1 then
+    admit_heads(lock, fence, queue, alive, shared, asks, now)
   end
   return {{1, token}}
 end
 if waiting then
   if redis.call('ZADD', queue, 'NX', arrival, member) == 1 then
-    redis.call('HSET', asks, member, ':' .. ARGV[7] .. ':' .. ARGV[8])
+    redis.call('HSET', asks, member, ':' .. policy .. ttl .. ARGV[7] .. ':' .. ARGV[8])
   end
   redis.call('ZADD', alive, now + wttl, member)
   redis.call('PEXPIRE', queue, wttl)
@@ -131,24 +121,23 @@ return {{0, bound}}
     ))
 });
 
-/// KEYS: shared, queue, alive, asks. ARGV: secret. Removes our shared field
-/// (a permit's or a reader's), then tells the queue's live head. Returns 1 if it was ours and
-/// live, 0 otherwise (an expired field of ours is removed all the same).
+/// KEYS: shared, queue, alive, asks, lock, fence. ARGV: secret. Removes our shared field (a
+/// permit's or a reader's), then grants the queue's live heads that fit now (`admit_heads` in
+/// `HAND_ON`): a waiter holds on the message, with no request of its own. Returns 1 if it was
+/// ours and live, 0 otherwise (an expired field of ours is removed all the same).
 pub static RELEASE_SHARED: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        r#"{PURGE}
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
+        r#"{PURGE}{HAND_ON}
+local shared, queue, alive, asks, lock, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local cur = redis.call('HGET', shared, ARGV[1])
 if not cur then
   return 0
 end
-redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', shared, ARGV[1])
 local now = now_ms()
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  purge(KEYS[2], KEYS[3], now, KEYS[4])
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if head then
-    tell(KEYS[4], head)
-  end
+if redis.call('EXISTS', queue) == 1 then
+  purge(queue, alive, now, asks)
+  admit_heads(lock, fence, queue, alive, shared, asks, now)
 end
 if tonumber(string.match(cur, '^(%d+):')) <= now then
   return 0
