@@ -17,6 +17,12 @@ use crate::client::EtcdBackend;
 use crate::keys::parse_attempt_key;
 use crate::session::Session;
 
+/// A session whose key list would pass this many bytes is renewed without it: etcd-client's
+/// gRPC channel refuses an answer over 4 MB (tonic's default, which etcd-client 0.21 offers no way
+/// to raise), so past about 60 000 keys of short names every renewal failed and every lease of
+/// the session was lost; and the list costs the server a walk of every key at every tick.
+const LISTED_BYTES: usize = 2 << 20;
+
 /// What the etcd backend declares: correctness grade, cluster-wide monotonic fencing (create
 /// revisions), FIFO by revision, client-side re-entrancy, whole-second TTLs (the session lease),
 /// watch wake-ups.
@@ -79,6 +85,8 @@ impl LockBackend for EtcdBackend {
     /// number of leases. A lease is renewed when its session answered the keep-alive and its key
     /// is still attached and its slot is held with the grant's secret (the path names our lease
     /// and that slot, so attached means ours; a key deleted by anyone else is "not held").
+    /// A session whose list would pass [`LISTED_BYTES`] sends the keep-alive alone: its keys
+    /// live as long as the lease, but one deleted by someone else is then not seen here.
     async fn renew_batch(
         &self,
         batch: &[(&GrantKey, Duration)],
@@ -97,10 +105,19 @@ impl LockBackend for EtcdBackend {
             let Some(session) = session else {
                 return Ok(None);
             };
-            let keys = self.call(&self.inner.lease, |mut c| async move {
-                c.time_to_live(*lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
-                    .await
-            });
+            let listed = session.listed_bytes() <= LISTED_BYTES;
+            let keys = async {
+                if !listed {
+                    return Ok(None);
+                }
+                self.call(&self.inner.lease, |mut c| async move {
+                    c.time_to_live(*lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                        .await
+                })
+                .await
+                .map(|r| (r.ttl() > 0).then(|| r.keys().to_vec()))
+                .map(Some)
+            };
             let (alive, keys) = tokio::join!(
                 timeout_at(deadline, session.refresh()),
                 timeout_at(deadline, keys)
@@ -114,9 +131,8 @@ impl LockBackend for EtcdBackend {
             };
             let alive = alive.map_err(|_| late())?.map_err(|e| self.err(e))?;
             let keys = keys.map_err(|_| late())??;
-            Ok::<_, LockError>(
-                (alive && keys.ttl() > 0).then(|| (keys.keys().to_vec(), session.ttl)),
-            )
+            // `Some(None)`: the lease is gone; `None`: not listed, the keep-alive says.
+            Ok::<_, LockError>((alive && keys != Some(None)).then(|| (keys.flatten(), session.ttl)))
         }))
         .await;
         batch
@@ -136,7 +152,9 @@ impl LockBackend for EtcdBackend {
                     None | Some(Ok(None)) => Ok(Renewal::NotHeld),
                     Some(Err(e)) => Err(e.for_each_item()),
                     Some(Ok(Some((attached, ttl)))) => {
-                        Ok(if attached.iter().any(|k| k == key.resource.as_bytes()) {
+                        let ours =
+                            |keys: &Vec<Vec<u8>>| keys.iter().any(|k| k == key.resource.as_bytes());
+                        Ok(if attached.as_ref().is_none_or(ours) {
                             // The session's TTL, from the keep-alive sent with this renewal.
                             Renewal::Renewed { ttl: *ttl }
                         } else {

@@ -29,9 +29,10 @@
 //! * **Fencing token** = our key's create revision: cluster-wide, strictly increasing, and
 //!   granted in that order. [`EtcdBackend::guarded_txn`] writes data kept in etcd only while our
 //!   key still exists with that revision.
-//! * **Renew** is one session keep-alive plus a check that our key exists; **release** checks the
-//!   secret against the slot's holder locally, then deletes our key (one plain delete, as cheap
-//!   as the raw minimum), never the shared lease.
+//! * **Renew** is one session keep-alive plus a check that our key exists (the session's key
+//!   list, unless it would pass 2 MB); **release** checks the secret against the slot's holder
+//!   locally, then deletes our key (one plain delete, as cheap as the raw minimum), never the
+//!   shared lease.
 //! * **Election**: the leader writes `<secret>:<value>` into its own key (a txn on its create
 //!   revision); observers read the name's oldest key and watch the name's range.
 //! * Reads are linearizable (etcd's default); no serializable read is used for a lock decision,

@@ -95,6 +95,17 @@ impl Session {
         }
     }
 
+    /// About how many bytes a listing of the session's keys takes (each key's path and its
+    /// framing): what [`crate::backend`]'s renewal asks `LeaseTimeToLive` for.
+    pub(crate) fn listed_bytes(&self) -> usize {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        // A key is its name's prefix, 16 hex, `.`, 16 hex; 3 bytes of protobuf framing.
+        slots
+            .iter()
+            .map(|(prefix, used)| (prefix.len() + 33 + 3) * used.len())
+            .sum()
+    }
+
     /// Gives a slot back once its key is deleted (or never written).
     pub(crate) fn free_slot(&self, prefix: &str, slot: u64) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());

@@ -1,6 +1,6 @@
 //! etcd attempt keys: a client reuses one key per name for sequential acquires (etcd keeps an
 //! index entry for every key ever created until compaction), never a key that may still exist,
-//! and only the holder's secret releases it.
+//! and only the holder's secret releases it; a session holds more keys than one answer can list.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,4 +78,52 @@ async fn keys_are_reused_only_once_free() {
         .len();
     assert_eq!(left, 1, "a forged secret deleted the holder's key");
     assert!(fourth.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_holding_more_keys_than_one_answer_can_list_keeps_them_all() {
+    // 19 000 keys of 238 bytes: a list of the session's keys (4.6 MB) passes the 4 MB the
+    // client accepts in one answer, so a renewal that asks for it never gets it.
+    const LEASES: usize = 19_000;
+    let d = deploy("etcd", 1, false).await;
+    let locks = LockClient::new(Arc::new(
+        EtcdBackend::connect(&d.cluster.endpoints(), options())
+            .await
+            .expect("connect"),
+    ));
+    let opts = AcquireOptions::with_ttl(Duration::from_secs(2));
+    let mut leases = Vec::with_capacity(LEASES);
+    let names: Vec<String> = (0..LEASES).map(|i| format!("{i:0>190}")).collect();
+    for chunk in names.chunks(64) {
+        leases.extend(
+            futures_util::future::join_all(chunk.iter().map(|n| taken(&locks, n, &opts))).await,
+        );
+    }
+    // Three session TTLs: renewals that failed would have run the session out twice over.
+    tokio::time::sleep(options().session_ttl * 3).await;
+    let lost = leases.iter().filter(|l| l.lost_reason().is_some()).count();
+    assert_eq!(lost, 0, "leases lost while held");
+    let mut leases = leases.into_iter().peekable();
+    while leases.peek().is_some() {
+        let chunk: Vec<_> = leases.by_ref().take(256).collect();
+        for released in futures_util::future::join_all(chunk.into_iter().map(|l| l.release())).await
+        {
+            assert!(
+                released.expect("release"),
+                "a lease was not held at its release"
+            );
+        }
+    }
+}
+
+/// `name` taken; a take cut off by the 1 s request timeout of these tests (a slow disk on a
+/// loaded machine) is taken again, as a user would.
+async fn taken(locks: &LockClient, name: &str, opts: &AcquireOptions) -> distlock::Lease {
+    for _ in 0..5 {
+        match locks.try_acquire(name, opts).await {
+            Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
+            taken => return taken.expect("acquire"),
+        }
+    }
+    panic!("acquire {name}: five retryable failures")
 }
