@@ -21,7 +21,7 @@
 //! each other).
 
 /// Bumped with any change below: a client that finds another version installs its own.
-pub const VERSION: i64 = 4;
+pub const VERSION: i64 = 5;
 
 /// The first key of every advisory lock the layout takes (`dlck` in ASCII).
 pub const CLASS: i32 = 0x646c_636b;
@@ -50,6 +50,10 @@ CREATE TABLE IF NOT EXISTS {s}.entry (
 );
 CREATE INDEX IF NOT EXISTS entry_name ON {s}.entry (name, seq);
 CREATE INDEX IF NOT EXISTS entry_secret ON {s}.entry (secret);
+-- Half of each page left free, so a renewal's new row version fits beside the old one (a HOT
+-- update: no index entry written, none to vacuum). Renewing 100 000 leases took 1.2-1.4 s with
+-- full pages, every tick; 0.34-0.41 s so. An existing table's pages fill so as they are rewritten.
+ALTER TABLE {s}.entry SET (fillfactor = 50);
 
 -- The name's queue lock (see the module docs), and a durable commit whatever the server's
 -- default (set here, per transaction: a pooler refuses the startup option), both for the rest
