@@ -523,15 +523,7 @@ async fn main() {
         (t.raw, t.same, t.ping) = (None, None, None);
         if !t.lock_only {
             let many = scale::many_names(connect(&t.url).await, 1_000, 256, size.scale_pairs).await;
-            // The servers that sync every write (etcd, ZooKeeper, PostgreSQL) hold 10 000: taking
-            // 100 000 at 64 at a time, etcd 3.4 left an acquire unanswered for 5 s (a stall of
-            // the server's, not of ours); the client's memory per lease is read off 10 000 too.
-            let n = if t.slow > 1 {
-                size.held.min(10_000)
-            } else {
-                size.held
-            };
-            let held = scale::held(connect(&t.url).await, n, &t.counter).await;
+            let held = scale::held(connect(&t.url).await, size.held, &t.counter).await;
             let crowd = if t.label == "postgres" {
                 None
             } else {
