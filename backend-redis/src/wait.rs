@@ -10,6 +10,7 @@ use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
 use crate::client::RedisBackend;
+use crate::keys::LockKeys;
 use crate::queue::{Ask, Attempt, QueueGuard, WAITER_TTL, queue_member};
 
 /// A waiter re-checks at least this often, which also keeps its place in the queue.
@@ -49,12 +50,6 @@ impl RedisBackend {
         // A try joins nothing, so it has nothing to leave.
         let queued =
             waiting.then(|| QueueGuard::new(self, &keys, queue_member(&secret, admission)));
-        // What a grant is: a field of the shared hash (a permit, a reader) or the lock key.
-        let resource = if ask.shared() {
-            keys.shared().to_string()
-        } else {
-            keys.lock.clone()
-        };
         loop {
             let sent = Instant::now();
             let pttl_ms = match self.attempt(&keys, (&secret, &holder), ttl, ask).await {
@@ -64,7 +59,7 @@ impl RedisBackend {
                     let token = Some(FencingToken(token));
                     return Ok(Grant::own_ttl(
                         name,
-                        resource,
+                        granted(keys, ask),
                         (secret, holder),
                         token,
                         ttl,
@@ -134,7 +129,7 @@ impl RedisBackend {
                     QueueGuard::keep_if_any(queued);
                     let grant = Grant::own_ttl(
                         name,
-                        resource,
+                        granted(keys, ask),
                         (secret, holder),
                         Some(FencingToken(token)),
                         ttl,
@@ -144,5 +139,14 @@ impl RedisBackend {
                 }
             }
         }
+    }
+}
+
+/// What a grant of `ask` is: a field of the shared hash (a permit, a reader) or the lock key.
+fn granted(keys: LockKeys, ask: Ask) -> String {
+    if ask.shared() {
+        keys.shared().to_string()
+    } else {
+        keys.lock
     }
 }
