@@ -579,7 +579,7 @@ impl Report {
         md.push_str(
             "\n## Scale\n\n\
              Many names: 1 000 names, 256 tasks, one client (one connection or session). Held: \
-             leases held at once through one client with the watchdog on (TTL 3 s on Redis and PostgreSQL; on \
+             leases held at once through one client with the watchdog on (TTL 3 s on Redis, 10 s on PostgreSQL, which renews a row per lease; on \
              etcd and ZooKeeper the session's); RSS growth of the whole process; server requests \
              per renewal tick over three ticks (the ticks counted at the client, the requests \
              by the server (Redis `INFO commandstats` script calls; etcd txns, \
@@ -698,6 +698,13 @@ impl Report {
                 s.backend,
                 s.held.rss_growth_mb,
                 mark(s.held.rss_growth_mb <= limit)
+            ));
+            out.push_str(&format!(
+                "| {} leases held, {}: none lost | {} lost | {} |\n",
+                s.held.leases,
+                s.backend,
+                s.held.lost,
+                mark(s.held.lost == 0)
             ));
             if let (Some(h), Some(i)) = (s.held.round_trips_per_tick, s.held.idle_per_tick) {
                 out.push_str(&format!(
