@@ -435,6 +435,7 @@ async fn release_script(
         .key(keys.alive())
         .key(keys.fence())
         .key(keys.asks())
+        .key(keys.shared())
         .arg(secret)
         .arg(tell)
         .invoke_async(c)
