@@ -85,7 +85,7 @@ impl LockBackend for EtcdBackend {
     /// number of leases. A lease is renewed when its session answered the keep-alive and its key
     /// is still attached and its slot is held with the grant's secret (the path names our lease
     /// and that slot, so attached means ours; a key deleted by anyone else is "not held").
-    /// A session whose list would pass [`LISTED_BYTES`] sends the keep-alive alone: its keys
+    /// A session whose list would pass 2 MB (`LISTED_BYTES`) sends the keep-alive alone: its keys
     /// live as long as the lease, but one deleted by someone else is then not seen here.
     async fn renew_batch(
         &self,
