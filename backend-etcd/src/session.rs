@@ -96,7 +96,7 @@ impl Session {
     }
 
     /// About how many bytes a listing of the session's keys takes (each key's path and its
-    /// framing): what [`crate::backend`]'s renewal asks `LeaseTimeToLive` for.
+    /// framing): what a renewal's `LeaseTimeToLive` with keys would answer.
     pub(crate) fn listed_bytes(&self) -> usize {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         // A key is its name's prefix, 16 hex, `.`, 16 hex; 3 bytes of protobuf framing.

@@ -579,8 +579,9 @@ impl Report {
         md.push_str(
             "\n## Scale\n\n\
              Many names: 1 000 names, 256 tasks, one client (one connection or session). Held: \
-             leases held at once through one client with the watchdog on (TTL 3 s on Redis, 10 s on PostgreSQL, which renews a row per lease; on \
-             etcd and ZooKeeper the session's); RSS growth of the whole process; server requests \
+             leases held at once through one client with the watchdog on (TTL 3 s on Redis, \
+             10 s on PostgreSQL, which renews a row per lease; on etcd and ZooKeeper the \
+             session's); RSS growth of the whole process; server requests \
              per renewal tick over three ticks (the ticks counted at the client, the requests \
              by the server (Redis `INFO commandstats` script calls; etcd txns, \
              keep-alive messages and lease lookups from its metrics; ZooKeeper `mntr` packets, pings included)); \

@@ -141,8 +141,8 @@ async fn redis_calls(conn: &redis::aio::MultiplexedConnection, commands: &[&str]
 pub struct Held {
     /// Leases held at once.
     pub leases: usize,
-    /// Takes that failed retryably and were taken again (a server that stalled past the
-    /// request timeout under the load: etcd 3.4 once did, mid-way through 100 000 commits).
+    /// Takes that failed retryably and were taken again (a server that stalls past the request
+    /// timeout under the load: a user would retry).
     #[serde(default)]
     pub retried: usize,
     /// Leases whose lost signal fired while held (a target row: none).
