@@ -283,6 +283,15 @@ async fn queued(admin: &mut redis::aio::MultiplexedConnection, name: &LockName) 
         .expect("ZCARD")
 }
 
+/// How many permits or read leases of `name` the server holds.
+async fn shared_holders(admin: &mut redis::aio::MultiplexedConnection, name: &LockName) -> u64 {
+    redis::cmd("HLEN")
+        .arg(lock_keys("distlock", name).shared())
+        .query_async(admin)
+        .await
+        .expect("HLEN")
+}
+
 /// Waits (up to 5 s) until `name`'s queue on `admin`'s node holds `n` waiters.
 async fn until_queued(admin: &mut redis::aio::MultiplexedConnection, name: &LockName, n: u64) {
     for _ in 0..500 {
@@ -769,12 +778,11 @@ async fn a_writers_release_grants_every_reader_behind_it_in_one_script_call() {
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len(), READERS as usize, "each reader its own token");
-    let holders: u64 = redis::cmd("HLEN")
-        .arg(lock_keys("distlock", &name).shared())
-        .query_async(&mut admin)
-        .await
-        .expect("HLEN");
-    assert_eq!(holders, READERS, "the readers hold together");
+    assert_eq!(
+        shared_holders(&mut admin, &name).await,
+        READERS,
+        "the readers hold together"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -786,7 +794,6 @@ async fn a_permits_waiter_cancelled_while_its_grant_is_sent_leaves_nothing_held(
         .expect("semaphore")
         .options(watched.clone());
     let name = LockName::new("semaphore/race").expect("valid");
-    let shared = lock_keys("distlock", &name).shared().to_string();
     let waiter = own_client(&server).await;
     for round in 0..10 {
         let held = sem.try_acquire().await.expect("the permit is free");
@@ -810,12 +817,7 @@ async fn a_permits_waiter_cancelled_while_its_grant_is_sent_leaves_nothing_held(
         // Well inside the waiter's liveness (3 s), which bounds a grant nobody took.
         let mut left = u64::MAX;
         for _ in 0..100 {
-            let holders: u64 = redis::cmd("HLEN")
-                .arg(&shared)
-                .query_async(&mut admin)
-                .await
-                .expect("HLEN");
-            left = holders + queued(&mut admin, &name).await;
+            left = shared_holders(&mut admin, &name).await + queued(&mut admin, &name).await;
             if left == 0 {
                 break;
             }

@@ -3,7 +3,9 @@
 /// Lua helpers shared by the scripts that read the queue head: `purge` drops the waiters whose
 /// liveness ran out (from both sets, and their asks when given) and says how many; `tell`
 /// publishes "your turn" to a waiter on its client's channel (a waiter with no ask, queued by
-/// an older client, hears nothing and finds its turn at its next re-check); `clock` is the
+/// an older client, hears nothing and finds its turn at its next re-check); `dequeue` takes a
+/// member out of the queue, its liveness and its ask; `enqueue` puts it in (arrival order, first
+/// join only, with its ask) and refreshes its liveness deadline; `clock` is the
 /// server's time in ms and µs;
 /// `distlock_value` says whether a lock value has our layout (`<32 hex>:<token>...`), not another
 /// recipe's (redis-py's `Lock` on our key, say).
@@ -34,6 +36,20 @@ local function tell(asks, member)
   if channel then
     redis.call('PUBLISH', channel, 't:' .. string.sub(member, 1, 32))
   end
+end
+local function dequeue(queue, alive, asks, member)
+  redis.call('ZREM', queue, member)
+  redis.call('ZREM', alive, member)
+  redis.call('HDEL', asks, member)
+end
+local function enqueue(queue, alive, asks, member, arrival, live, wttl, ask)
+  if redis.call('ZADD', queue, 'NX', arrival, member) == 1 then
+    redis.call('HSET', asks, member, ask)
+  end
+  redis.call('ZADD', alive, live, member)
+  redis.call('PEXPIRE', queue, wttl)
+  redis.call('PEXPIRE', alive, wttl)
+  redis.call('PEXPIRE', asks, wttl)
 end
 local function distlock_value(v)
   return string.find(v, '^' .. string.rep('%x', 32) .. ':%d') ~= nil
@@ -122,9 +138,7 @@ local function admit_heads(lock, fence, queue, alive, shared, asks, now)
       redis.call('HSET', shared, secret, (now + ms) .. ':' .. token .. ':' .. limit .. who)
       keep_hash(shared, ms)
     end
-    redis.call('ZREM', queue, head)
-    redis.call('ZREM', alive, head)
-    redis.call('HDEL', asks, head)
+    dequeue(queue, alive, asks, head)
     redis.call('PUBLISH', grants, 'g' .. token .. ':' .. secret)
     ahead[#ahead + 1] = limit
     smallest = math.min(smallest, limit)
@@ -135,9 +149,7 @@ local function hand_on(lock, fence, queue, alive, asks, leaving, shared)
     return
   end
   if leaving then
-    redis.call('ZREM', queue, leaving)
-    redis.call('ZREM', alive, leaving)
-    redis.call('HDEL', asks, leaving)
+    dequeue(queue, alive, asks, leaving)
   end
   local now = now_ms()
   purge(queue, alive, now, asks)
@@ -161,9 +173,7 @@ local function hand_on(lock, fence, queue, alive, asks, leaving, shared)
   end
   local token = redis.call('INCR', fence)
   redis.call('SET', lock, head .. ':' .. token .. who, 'PX', math.min(tonumber(ttl), live - now))
-  redis.call('ZREM', queue, head)
-  redis.call('ZREM', alive, head)
-  redis.call('HDEL', asks, head)
+  dequeue(queue, alive, asks, head)
   redis.call('PUBLISH', grants, 'g' .. token .. ':' .. head)
 end
 "#;

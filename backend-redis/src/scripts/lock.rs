@@ -65,17 +65,11 @@ if queued then
 end
 local function join(live)
   if waiting then
-    if redis.call('ZADD', queue, 'NX', arrival, me) == 1 then
-      local asked = ttl
-      if arbiter then
-        asked = ''
-      end
-      redis.call('HSET', asks, me, asked .. ':' .. ARGV[6] .. ':' .. ARGV[7])
+    local asked = ttl
+    if arbiter then
+      asked = ''
     end
-    redis.call('ZADD', alive, now + live, me)
-    redis.call('PEXPIRE', queue, wttl)
-    redis.call('PEXPIRE', alive, wttl)
-    redis.call('PEXPIRE', asks, wttl)
+    enqueue(queue, alive, asks, me, arrival, now + live, wttl, asked .. ':' .. ARGV[6] .. ':' .. ARGV[7])
   end
 end
 if cur then
@@ -97,9 +91,7 @@ redis.call('SET', lock, me .. ':' .. token .. ARGV[6], 'PX', ttl)
 if arbiter then
   join(math.min(wttl, tonumber(ttl)))
 elseif head then
-  redis.call('ZREM', queue, me)
-  redis.call('ZREM', alive, me)
-  redis.call('HDEL', asks, me)
+  dequeue(queue, alive, asks, me)
 end
 return {{1, token}}
 "#
@@ -117,9 +109,7 @@ pub static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
         r#"{PURGE}{HAND_ON}
 local queue, alive, lock, fence, asks, shared = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local secret = string.sub(ARGV[1], 1, 32)
-redis.call('ZREM', queue, ARGV[1])
-redis.call('ZREM', alive, ARGV[1])
-redis.call('HDEL', asks, ARGV[1])
+dequeue(queue, alive, asks, ARGV[1])
 redis.call('HDEL', shared, secret)
 local cur = redis.call('GET', lock)
 if cur and string.sub(cur, 1, 33) == secret .. ':' then

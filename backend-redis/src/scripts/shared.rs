@@ -80,9 +80,7 @@ end
 if policy == 'p' then
   for _, l in ipairs(ahead) do
     if l ~= limit then
-      redis.call('ZREM', queue, member)
-      redis.call('ZREM', alive, member)
-      redis.call('HDEL', asks, member)
+      dequeue(queue, alive, asks, member)
       return {{-2, l}}
     end
   end
@@ -99,22 +97,14 @@ if #ahead < smallest then
     redis.call('HSET', shared, me, (now + ttl) .. ':' .. token .. ':' .. limit .. ARGV[7])
     keep_hash(shared, ttl)
   end
-  redis.call('ZREM', queue, member)
-  redis.call('ZREM', alive, member)
-  redis.call('HDEL', asks, member)
+  dequeue(queue, alive, asks, member)
   if redis.call('EXISTS', queue) == 1 then
     admit_heads(lock, fence, queue, alive, shared, asks, now)
   end
   return {{1, token}}
 end
 if waiting then
-  if redis.call('ZADD', queue, 'NX', arrival, member) == 1 then
-    redis.call('HSET', asks, member, ':' .. policy .. ttl .. ARGV[7] .. ':' .. ARGV[8])
-  end
-  redis.call('ZADD', alive, now + wttl, member)
-  redis.call('PEXPIRE', queue, wttl)
-  redis.call('PEXPIRE', alive, wttl)
-  redis.call('PEXPIRE', asks, wttl)
+  enqueue(queue, alive, asks, member, arrival, now + wttl, wttl, ':' .. policy .. ttl .. ARGV[7] .. ':' .. ARGV[8])
 end
 return {{0, bound}}
 "#
