@@ -13,12 +13,12 @@
 //!   so etcd's key index does not grow by one entry per acquire. A repeat acquire on an
 //!   otherwise idle cluster leaves the read out: when its create revision is exactly 2 past our
 //!   own released key's, nothing else was written in between, so nobody is ahead (proof at
-//!   [`distlock_api::RepeatGrant`]); any other gap reads the keys ahead after the put. A waiter within 8 keys of
+//!   [`distlock_api::RepeatGrant`]); any other gap reads the keys ahead after the put. A waiter within 64 keys of
 //!   the head applies the name's deletes from its client's one shared watch of the name (made
 //!   once, proven live, kept while the client waits there) and is granted on the holder's
 //!   delete event itself (no read after it: the keys ahead only shrink, a watch reports every
 //!   event after its start in order, and our own key's delete would come first); further back
-//!   it follows only the 8th key ahead, so a release wakes the clients near the head and one
+//!   it follows only the 64th key ahead, so a release wakes the clients near the head and one
 //!   far waiter (no herd). A watch whose creation a read does not prove in step gets a second one
 //!   (no 100 ms "unsynced watcher" stall), and what passed before a watch began is read once
 //!   (no missed deletion); a waiter ahead of us that gives up or expires does not grant us the
