@@ -175,15 +175,15 @@ async fn a_waiter_whose_watch_is_not_proven_live_keeps_a_second_one() {
 
 /// Watch streams the member has started so far.
 async fn watch_streams(port: u16) -> f64 {
-    tokio::task::spawn_blocking(move || {
-        metric_sum(
-            port,
-            &[("grpc_server_started_total", "grpc_method=\"Watch\"")],
-        )
-    })
-    .await
-    .expect("metrics")
-    .expect("the member's metrics")
+    member_metric(port, ("grpc_server_started_total", "grpc_method=\"Watch\"")).await
+}
+
+/// One sum of the member's metrics (name, label filter), read off the runtime's threads.
+async fn member_metric(port: u16, metric: (&'static str, &'static str)) -> f64 {
+    tokio::task::spawn_blocking(move || metric_sum(port, &[metric]))
+        .await
+        .expect("metrics")
+        .expect("the member's metrics")
 }
 
 /// Each client takes `name` `turns` times, holding it 5 ms so the others queue behind it.
@@ -274,10 +274,7 @@ async fn a_readers_watch_of_the_name_outlives_deletes_it_did_not_wait_for() {
 
 /// Every message the member received so far (unary requests and stream messages alike).
 async fn messages(port: u16) -> f64 {
-    tokio::task::spawn_blocking(move || metric_sum(port, &[("grpc_server_msg_received_total", "")]))
-        .await
-        .expect("metrics")
-        .expect("the member's metrics")
+    member_metric(port, ("grpc_server_msg_received_total", "")).await
 }
 
 /// Issue 39: a waiter further back than the keys it read followed one key of its own and, on
