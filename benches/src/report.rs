@@ -393,13 +393,18 @@ const CAUSES: [(&str, &str); 4] = [
     ),
     (
         "etcd",
-        "requests per hand-over grow with the queue (see the hand-over and crowd tables): a \
-         waiter beyond the 8 keys it reads follows the farthest of them with a watch of its own, \
-         and each hand-over brings one waiter within reach, which reads again and opens its \
-         client's shared watch of the name; the releaser enqueues again (a txn and a read); and \
-         every write is a commit synced to disk, so the floor is a round trip plus a commit. \
-         Design: every waiter of a client keeps the name's one shared watch and counts the \
-         deletes ahead of it there, with no watch of its own and no read on moving up",
+        "an exclusive waiter within the 64 keys ahead it reads waits on its client's watch \
+         of the name, with nothing made or read on its way up, so requests per hand-over \
+         stay flat up to 64 clients (3.1 at 8, 3.5 at 64) and grow beyond (11 at 1 000: each \
+         hand-over brings a waiter within reach, which reads again and opens that watch). But \
+         each delete is then an event on every waiting client's watch (63 at 64 clients), sent \
+         through the member and read by each client, on 2 cores shared with them; hand-overs \
+         per RTT fall from 8 to 64 clients as that grows (the time was not split further). \
+         Each hand-over is also two commits synced to disk (the release, the releaser's \
+         enqueue), so the floor is a round trip plus a commit. Design: a waiter follows only \
+         the key right ahead of it (as etcd's own lock does, a delete wakes one client), with \
+         that watch made at enqueue so it is in step, and reads on that key's delete only when \
+         it knew of more keys ahead",
     ),
     (
         "zk",
@@ -581,7 +586,9 @@ impl Report {
              Many names: 1 000 names, 256 tasks, one client (one connection or session). Held: \
              leases held at once through one client with the watchdog on (TTL 3 s on Redis, \
              10 s on PostgreSQL, which renews a row per lease; on etcd and ZooKeeper the \
-             session's); RSS growth of the whole process; server requests \
+             session's); RSS growth of the whole process (from a baseline taken once the \
+             allocator gave back what the earlier runs freed, which the leases would reuse \
+             unseen); server requests \
              per renewal tick over three ticks (the ticks counted at the client, the requests \
              by the server (Redis `INFO commandstats` script calls; etcd txns, \
              keep-alive messages and lease lookups from its metrics; ZooKeeper `mntr` packets, pings included)); \

@@ -157,6 +157,18 @@ pub struct Held {
     pub idle_per_tick: Option<f64>,
 }
 
+/// The RSS once the allocator gave back what earlier runs of this process freed: otherwise the
+/// held leases would reuse those pages unseen (a full run measured 0.0 MB for PostgreSQL's
+/// 100 000 leases, run after the other backends, and 162 MB for etcd's run alone, against 12 MB
+/// after them).
+fn settled_rss_kb() -> f64 {
+    // SAFETY: `malloc_trim` only releases free memory of glibc's arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    rss_kb()
+}
+
 fn rss_kb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -201,7 +213,7 @@ pub async fn held(
     let idle_rate = idle_from
         .zip(idle_to)
         .map(|(a, b)| (b - a) / idle_start.elapsed().as_secs_f64());
-    let before = rss_kb();
+    let before = settled_rss_kb();
     let mut leases: Vec<Lease> = Vec::with_capacity(n);
     let retried = AtomicUsize::new(0);
     for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
