@@ -158,9 +158,7 @@ pub struct Held {
 }
 
 /// The RSS once the allocator gave back what earlier runs of this process freed: otherwise the
-/// held leases would reuse those pages unseen (a full run measured 0.0 MB for PostgreSQL's
-/// 100 000 leases, run after the other backends, and 162 MB for etcd's run alone, against 12 MB
-/// after them).
+/// held leases would reuse those pages unseen, and their growth would depend on what ran before.
 fn settled_rss_kb() -> f64 {
     // SAFETY: `malloc_trim` only releases free memory of glibc's arenas.
     unsafe {
