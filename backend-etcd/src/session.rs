@@ -6,7 +6,7 @@
 //! the lease is gone or when that validity runs out without a successful keep-alive, so every
 //! lock of the session is told before etcd can have expired the lease.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +18,11 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 /// Drift allowance on the session's validity: 1 % of the TTL plus 5 ms.
 fn drift(ttl: Duration) -> Duration {
     ttl.mul_f64(0.01) + Duration::from_millis(5)
+}
+
+/// The value of `slot`'s key among a name's slots in use.
+fn find(used: &[(u64, String)], slot: u64) -> Option<&String> {
+    used.iter().find(|(s, _)| *s == slot).map(|(_, e)| e)
 }
 
 pub(crate) struct Session {
@@ -34,8 +39,9 @@ pub(crate) struct Session {
     /// Attempt-key slots in use, per name prefix, with the value of the attempt's key (its
     /// secret, and an election's announced value after it; see [`crate::keys`]): a slot is taken
     /// for an attempt and given back only once its key is known deleted, so a live key is never
-    /// reused, and only the holder's secret releases it.
-    slots: Mutex<HashMap<String, BTreeMap<u64, String>>>,
+    /// reused, and only the holder's secret releases it. A list, not a map: a name has one slot
+    /// in use but for overlapping attempts, and a map's node would cost 368 bytes per held lock.
+    slots: Mutex<HashMap<String, Vec<(u64, String)>>>,
 }
 
 impl Session {
@@ -66,9 +72,13 @@ impl Session {
     /// value is `entry`.
     pub(crate) fn take_slot(&self, prefix: &str, entry: &str) -> u64 {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let used = slots.entry(prefix.to_string()).or_default();
-        let free = (0..).find(|n| !used.contains_key(n)).unwrap_or_default();
-        used.insert(free, entry.to_string());
+        let used = slots
+            .entry(prefix.to_string())
+            .or_insert_with(|| Vec::with_capacity(1));
+        let free = (0..)
+            .find(|n| used.iter().all(|(s, _)| s != n))
+            .unwrap_or_default();
+        used.push((free, entry.to_string()));
         free
     }
 
@@ -77,7 +87,7 @@ impl Session {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots
             .get(prefix)
-            .and_then(|used| used.get(&slot))
+            .and_then(|used| find(used, slot))
             .filter(|entry| entry_written_by(entry.as_bytes(), secret))
             .cloned()
     }
@@ -90,7 +100,10 @@ impl Session {
     /// Records a new value of the key of `slot` (an announcement), if it is still taken.
     pub(crate) fn set_slot_entry(&self, prefix: &str, slot: u64, entry: &str) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = slots.get_mut(prefix).and_then(|used| used.get_mut(&slot)) {
+        if let Some((_, e)) = slots
+            .get_mut(prefix)
+            .and_then(|used| used.iter_mut().find(|(s, _)| *s == slot))
+        {
             *e = entry.to_string();
         }
     }
@@ -110,7 +123,7 @@ impl Session {
     pub(crate) fn free_slot(&self, prefix: &str, slot: u64) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(used) = slots.get_mut(prefix) {
-            used.remove(&slot);
+            used.retain(|(s, _)| *s != slot);
             if used.is_empty() {
                 slots.remove(prefix);
             }
