@@ -257,7 +257,7 @@ impl LockClient {
             lost: trigger,
             renew_gate: tokio::sync::Mutex::new(()),
             runtime: runtime.clone(),
-            owner: opts.owner.clone().map(|o| (o, hold_key.clone())),
+            owner: opts.owner.clone().map(|o| Box::new((o, hold_key.clone()))),
             watchdog: self.watchdog.clone(),
             member,
             loss_handled: Default::default(),

@@ -46,7 +46,8 @@ pub(crate) struct LeaseShared {
     pub(crate) renew_gate: tokio::sync::Mutex<()>,
     /// The runtime the lease was acquired on: Drop spawns its background release there.
     pub(crate) runtime: Handle,
-    pub(crate) owner: Option<(Owner, HoldKey)>,
+    /// Boxed: most leases have no owner, and the pair would add 64 bytes to every lease.
+    pub(crate) owner: Option<Box<(Owner, HoldKey)>>,
     /// The client's watchdog, and this lease's id in it.
     pub(crate) watchdog: Arc<dyn Renewer>,
     pub(crate) member: u64,
@@ -185,7 +186,7 @@ impl LeaseShared {
         self.end();
         self.lost.set_deadline(None);
         self.watchdog.leave(self.member);
-        if let Some((owner, key)) = &self.owner {
+        if let Some((owner, key)) = self.owner.as_deref() {
             owner.forget(key, self);
         }
         true
