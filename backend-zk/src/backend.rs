@@ -101,15 +101,15 @@ impl LockBackend for ZkBackend {
         let root = &self.inner.options.root;
         let listed = match self.epoch().await {
             Ok(epoch) => {
-                let (synced, listed) = tokio::join!(
-                    self.call(epoch.client.sync(root)),
-                    self.call(epoch.client.list_ephemerals(root))
-                );
-                let both = synced
-                    .and(listed)
-                    .map(|l| (l, epoch.client.session_timeout()));
-                match timeout_at(deadline, async { both }).await {
-                    Ok(r) => r,
+                let both = async {
+                    let (synced, listed) = tokio::join!(
+                        self.call(epoch.client.sync(root)),
+                        self.call(epoch.client.list_ephemerals(root))
+                    );
+                    synced.and(listed)
+                };
+                match timeout_at(deadline, both).await {
+                    Ok(r) => r.map(|l| (l, epoch.client.session_timeout())),
                     Err(_) => Err(LockError::backend(
                         self.label(),
                         true,

@@ -132,6 +132,7 @@ macro_rules! for_each_scenario {
             dropped_lease_is_freed_promptly: [],
             a_renewal_is_valid_for_what_the_server_applied: [],
             a_shorter_renewal_shortens_the_lease_and_the_watchdog_follows: [],
+            a_renewal_batch_cut_off_answers_by_its_cutoff: [],
             lost_signal_fires_before_a_competitor_acquires: [],
             a_lost_lease_is_not_handed_on_behind_its_holder: [],
             lock_deleted_behind_the_holder_is_reported_lost: [],

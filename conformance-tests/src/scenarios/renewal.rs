@@ -95,3 +95,32 @@ pub async fn a_shorter_renewal_shortens_the_lease_and_the_watchdog_follows(d: &d
     );
     assert!(won.release().await.expect("release"));
 }
+
+/// A renewal batch sent by a client cut off from the servers answers every item by the batch's
+/// cutoff (the earliest deadline of its leases), as a retryable error: the watchdog plans the
+/// retries and the lost signal from that answer, so a call that outlives the cutoff would leave
+/// the holder untold past its deadline.
+pub async fn a_renewal_batch_cut_off_answers_by_its_cutoff(d: &dyn Deployment) {
+    const WITHIN: Duration = Duration::from_millis(300);
+    const SLACK: Duration = Duration::from_millis(200);
+    let name = LockName::new(unique("renew-cutoff")).expect("valid");
+    let (backend, cut) = d.cuttable_client().await;
+    let grant = backend.try_acquire(&name, d.ttl()).await.expect("acquire");
+    cut.cut();
+    let sent = Instant::now();
+    let answers = backend
+        .renew_batch(&[(&grant.key, d.ttl())], sent + WITHIN)
+        .await;
+    let took = sent.elapsed();
+    cut.restore();
+    assert!(
+        took <= WITHIN + SLACK,
+        "answered {took:?} after it was sent, cutoff {WITHIN:?}"
+    );
+    assert!(
+        matches!(answers.as_slice(), [Err(e)] if e.is_retryable()),
+        "answers: {answers:?}"
+    );
+    // Clean-up only: the TTL frees it otherwise.
+    backend.release(&grant.key).await.ok();
+}
