@@ -1,6 +1,5 @@
 //! [`CAPABILITIES`] and the [`LockBackend`] impl: dispatch, batched renewal, release.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -76,13 +75,23 @@ impl LockBackend for PostgresBackend {
     }
 
     /// One statement for the whole batch: each live grant's expiry moved to its own TTL on the
-    /// server's clock.
+    /// server's clock. The secrets go out from one buffer and the answer is one array, so a tick
+    /// allocates a few vectors, not a few per lease.
     async fn renew_batch(
         &self,
         batch: &[(&GrantKey, Duration)],
         deadline: Instant,
     ) -> Vec<Result<Renewal>> {
-        let secrets: Vec<String> = batch.iter().map(|(k, _)| k.secret.expose_hex()).collect();
+        let hex: Vec<u8> = batch
+            .iter()
+            .flat_map(|(k, _)| k.secret.expose_hex_bytes())
+            .collect();
+        // Hex digits are ASCII, so every 32-byte chunk is a `str` (one position per item either
+        // way: an empty secret matches no entry).
+        let secrets: Vec<&str> = hex
+            .chunks(32)
+            .map(|c| std::str::from_utf8(c).unwrap_or_default())
+            .collect();
         let ttls: Vec<i64> = batch
             .iter()
             .map(|(_, t)| i64::try_from(t.as_millis()).unwrap_or(i64::MAX).max(1))
@@ -94,23 +103,34 @@ impl LockBackend for PostgresBackend {
                 &[(&secrets, Type::TEXT_ARRAY), (&ttls, Type::INT8_ARRAY)],
             )
             .await
-            .and_then(|rows| {
-                rows.iter()
-                    .map(|r| r.try_get::<_, String>(0).map_err(|e| self.error(&e)))
-                    .collect::<Result<HashSet<String>>>()
+            .and_then(|rows| match rows.first() {
+                Some(row) => row.try_get::<_, Vec<i64>>(0).map_err(|e| self.error(&e)),
+                None => Ok(Vec::new()),
             });
         match answer {
-            Ok(renewed) => batch
-                .iter()
-                .zip(&secrets)
-                .map(|((_, ttl), s)| {
-                    Ok(if renewed.contains(s) {
-                        Renewal::Renewed { ttl: *ttl }
-                    } else {
-                        Renewal::NotHeld
+            Ok(positions) => {
+                let mut renewed = vec![false; batch.len()];
+                for at in positions {
+                    // 1-based, as `WITH ORDINALITY` counts.
+                    if let Some(r) = usize::try_from(at - 1)
+                        .ok()
+                        .and_then(|i| renewed.get_mut(i))
+                    {
+                        *r = true;
+                    }
+                }
+                batch
+                    .iter()
+                    .zip(renewed)
+                    .map(|((_, ttl), renewed)| {
+                        Ok(if renewed {
+                            Renewal::Renewed { ttl: *ttl }
+                        } else {
+                            Renewal::NotHeld
+                        })
                     })
-                })
-                .collect(),
+                    .collect()
+            }
             Err(e) => batch.iter().map(|_| Err(e.for_each_item())).collect(),
         }
     }

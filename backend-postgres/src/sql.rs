@@ -253,16 +253,19 @@ pub const GUARD: &str = "SELECT set_config('idle_in_transaction_session_timeout'
      WHERE seq = $1 AND name = $2 AND granted AND expires_at > clock_timestamp() \
      FOR KEY SHARE";
 
-/// `(secrets, ttls ms)` -> the secrets renewed: one statement for a whole batch. Only a live
-/// grant is renewed (never an expired or a waiting entry); a non-key column, so a guarded
-/// transaction's `FOR KEY SHARE` does not hold it up. Committed durably: a renewal lost in a
-/// crash would let the entry expire before its holder's deadline.
-pub const RENEW: &str = "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)) \
-     UPDATE {s}.entry e \
+/// `(secrets, ttls ms)` -> one row: the 1-based positions in `secrets` renewed (one array, not
+/// a row per lease: a batch of 100 000 leases would otherwise come back as 100 000 rows each
+/// allocated on its own, every tick). One statement for a whole batch. Only a live grant is
+/// renewed (never an expired or a waiting entry); a non-key column, so a guarded transaction's
+/// `FOR KEY SHARE` does not hold it up. Committed durably: a renewal lost in a crash would let
+/// the entry expire before its holder's deadline.
+pub const RENEW: &str = "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)), \
+     renewed AS (UPDATE {s}.entry e \
      SET expires_at = clock_timestamp() + u.ttl * interval '1 millisecond' \
-     FROM durable, unnest($1::text[], $2::bigint[]) AS u(secret, ttl) \
+     FROM durable, unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(secret, ttl, at) \
      WHERE e.secret = u.secret AND e.granted AND e.expires_at > clock_timestamp() \
-     RETURNING e.secret";
+     RETURNING u.at) \
+     SELECT coalesce(array_agg(at), '{}') FROM renewed";
 
 /// Deletes entries of any name that expired over a minute ago (at most 1000 a call): a name
 /// nobody calls again would keep them. Without the name's lock: an expired entry binds nobody,
