@@ -93,9 +93,9 @@ fn json(r: &Row<'_>, backend: &str) -> serde_json::Value {
                 "expires_in_ms": h.expires_in.map(|d| d.as_millis() as u64),
                 "holds": held_as(r.kind, h),
                 "holder": h.holder.as_ref().map(|w| serde_json::json!({
-                    "host": w.host,
+                    "host": &*w.host,
                     "pid": w.pid,
-                    "command": w.command,
+                    "command": &*w.command,
                     "since": since(w.since),
                     "since_ms": w.since.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
                 })),

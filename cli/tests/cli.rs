@@ -786,7 +786,7 @@ async fn status_shows_every_permit_who_holds_it_and_the_waiters() {
             .as_millis() as u64;
         for h in holders {
             let who = &h["holder"];
-            assert_eq!(who["host"], host.as_str(), "{url}: {seen}");
+            assert_eq!(who["host"], &*host, "{url}: {seen}");
             assert!(
                 who["pid"].as_u64().is_some_and(|p| pids.contains(&p)),
                 "{url}: {seen}"

@@ -6,7 +6,7 @@
 //! and limit and before an announced value: host and command are percent-encoded so the segment
 //! holds no `:`, `#`, `~` or `,` (the separators of the entry grammar) and stays ASCII.
 
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
@@ -28,19 +28,20 @@ const ESCAPED: &AsciiSet = &CONTROLS
     .add(b' ');
 
 /// The command this process is described as, when set ([`describe_process`]).
-static COMMAND: RwLock<Option<String>> = RwLock::new(None);
+static COMMAND: RwLock<Option<Arc<str>>> = RwLock::new(None);
 
-/// Who holds an entry, as its holder wrote it.
+/// Who holds an entry, as its holder wrote it. Host and command are shared strings: this
+/// process's are the same for every lease it holds, and a lease keeps its own copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderInfo {
     /// The holder's host name.
-    pub host: String,
+    pub host: Arc<str>,
     /// The holder's process id on that host.
     pub pid: u32,
     /// What the process runs: its executable's name, or what it described itself as
     /// ([`describe_process`]; `distlock run` says the command it runs). At most
     /// [`MAX_COMMAND_BYTES`].
-    pub command: String,
+    pub command: Arc<str>,
     /// When the holder asked for the entry, by its own wall clock (millisecond precision).
     pub since: SystemTime,
 }
@@ -49,23 +50,24 @@ pub struct HolderInfo {
 /// default its executable's name: arguments are left out, as they may carry secrets). Cut to
 /// [`MAX_COMMAND_BYTES`].
 pub fn describe_process(command: &str) {
-    *COMMAND.write().unwrap_or_else(|p| p.into_inner()) = Some(cut(command, MAX_COMMAND_BYTES));
+    *COMMAND.write().unwrap_or_else(|p| p.into_inner()) =
+        Some(cut(command, MAX_COMMAND_BYTES).into());
 }
 
 impl HolderInfo {
     /// This process, now.
     pub fn now() -> HolderInfo {
         // Asked of the system once: every acquire writes them.
-        static HOST: OnceLock<String> = OnceLock::new();
-        static EXECUTABLE: OnceLock<String> = OnceLock::new();
+        static HOST: OnceLock<Arc<str>> = OnceLock::new();
+        static EXECUTABLE: OnceLock<Arc<str>> = OnceLock::new();
         let command = COMMAND
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .unwrap_or_else(|| EXECUTABLE.get_or_init(executable).clone());
+            .unwrap_or_else(|| EXECUTABLE.get_or_init(|| executable().into()).clone());
         HolderInfo {
             host: HOST
-                .get_or_init(|| cut(&host_name(), MAX_HOST_BYTES))
+                .get_or_init(|| cut(&host_name(), MAX_HOST_BYTES).into())
                 .clone(),
             pid: std::process::id(),
             command,
@@ -99,9 +101,9 @@ impl HolderInfo {
         let host = percent_decode_str(parts.next()?).decode_utf8().ok()?;
         let command = percent_decode_str(parts.next()?).decode_utf8().ok()?;
         Some(HolderInfo {
-            host: host.into_owned(),
+            host: host.into(),
             pid,
-            command: command.into_owned(),
+            command: command.into(),
             since,
         })
     }
@@ -162,9 +164,9 @@ mod tests {
     #[test]
     fn a_segment_reads_back_whatever_the_host_and_command_hold() {
         let info = HolderInfo {
-            host: "web-1:a#b~c,d é".to_string(),
+            host: "web-1:a#b~c,d é".into(),
             pid: 4242,
-            command: "sh -c 'echo 50% : done, ~ok #1'".to_string(),
+            command: "sh -c 'echo 50% : done, ~ok #1'".into(),
             since: UNIX_EPOCH + Duration::from_millis(1_764_000_000_123),
         };
         let seg = info.segment();
