@@ -112,8 +112,9 @@ impl LockBackend for PostgresBackend {
                 let mut renewed = vec![false; batch.len()];
                 for at in positions {
                     // 1-based, as `WITH ORDINALITY` counts.
-                    if let Some(r) = usize::try_from(at - 1)
+                    if let Some(r) = usize::try_from(at)
                         .ok()
+                        .and_then(|at| at.checked_sub(1))
                         .and_then(|i| renewed.get_mut(i))
                     {
                         *r = true;

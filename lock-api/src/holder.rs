@@ -31,7 +31,7 @@ const ESCAPED: &AsciiSet = &CONTROLS
 static COMMAND: RwLock<Option<Arc<str>>> = RwLock::new(None);
 
 /// Who holds an entry, as its holder wrote it. Host and command are shared strings: this
-/// process's are the same for every lease it holds, and a lease keeps its own copy.
+/// process's are allocated once and shared by every lease it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderInfo {
     /// The holder's host name.
