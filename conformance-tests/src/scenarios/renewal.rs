@@ -1,7 +1,10 @@
 //! Renewals: the validity a renewal gives is what the server applied, shorter or longer than
 //! asked, and the watchdog follows it.
 
-use distlock_api::{AcquireOptions, Lease, LockError, LockName};
+use distlock_api::{
+    AcquireOptions, Admission, Lease, LockError, LockName, RWLOCK_LOCK_PREFIX,
+    SEMAPHORE_LOCK_PREFIX,
+};
 use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
@@ -99,18 +102,41 @@ pub async fn a_shorter_renewal_shortens_the_lease_and_the_watchdog_follows(d: &d
 /// A renewal batch sent by a client cut off from the servers answers every item by the batch's
 /// cutoff (the earliest deadline of its leases), as a retryable error: the watchdog plans the
 /// retries and the lost signal from that answer, so a call that outlives the cutoff would leave
-/// the holder untold past its deadline.
+/// the holder untold past its deadline. The batch holds a lock and, where the backend admits
+/// them, a permit of a semaphore of 2, a reader and a writer (one watchdog renews them all).
 pub async fn a_renewal_batch_cut_off_answers_by_its_cutoff(d: &dyn Deployment) {
     const WITHIN: Duration = Duration::from_millis(300);
     const SLACK: Duration = Duration::from_millis(200);
-    let name = LockName::new(unique("renew-cutoff")).expect("valid");
+    let caps = d.capabilities();
+    let base = unique("renew-cutoff");
+    let mut wanted = vec![(base.clone(), Admission::Exclusive)];
+    if caps.policies && caps.permits {
+        wanted.push((
+            format!("{SEMAPHORE_LOCK_PREFIX}{base}"),
+            Admission::Permit(2),
+        ));
+    }
+    if caps.policies {
+        wanted.push((format!("{RWLOCK_LOCK_PREFIX}{base}-r"), Admission::Shared));
+        wanted.push((
+            format!("{RWLOCK_LOCK_PREFIX}{base}-w"),
+            Admission::Exclusive,
+        ));
+    }
     let (backend, cut) = d.cuttable_client().await;
-    let grant = backend.try_acquire(&name, d.ttl()).await.expect("acquire");
+    let mut grants = Vec::new();
+    for (name, admission) in wanted {
+        let name = LockName::new(name).expect("valid");
+        let grant = backend
+            .acquire_admitted(&name, admission, d.ttl(), None)
+            .await
+            .unwrap_or_else(|e| panic!("{admission:?} on {name}: {e}"));
+        grants.push(grant);
+    }
+    let batch: Vec<_> = grants.iter().map(|g| (&g.key, d.ttl())).collect();
     cut.cut();
     let sent = Instant::now();
-    let answers = backend
-        .renew_batch(&[(&grant.key, d.ttl())], sent + WITHIN)
-        .await;
+    let answers = backend.renew_batch(&batch, sent + WITHIN).await;
     let took = sent.elapsed();
     cut.restore();
     assert!(
@@ -118,9 +144,14 @@ pub async fn a_renewal_batch_cut_off_answers_by_its_cutoff(d: &dyn Deployment) {
         "answered {took:?} after it was sent, cutoff {WITHIN:?}"
     );
     assert!(
-        matches!(answers.as_slice(), [Err(e)] if e.is_retryable()),
+        answers.len() == batch.len()
+            && answers
+                .iter()
+                .all(|a| matches!(a, Err(e) if e.is_retryable())),
         "answers: {answers:?}"
     );
-    // Clean-up only: the TTL frees it otherwise.
-    backend.release(&grant.key).await.ok();
+    // Clean-up only: the TTL frees them otherwise.
+    for g in &grants {
+        backend.release(&g.key).await.ok();
+    }
 }
