@@ -61,12 +61,14 @@ impl LockName {
         }
         let encoded = encode(&name);
         let split = name.len();
-        let text = if encoded == name {
-            name.into_boxed_str()
-        } else {
-            [name.as_str(), &encoded].concat().into_boxed_str()
-        };
-        Ok(LockName { text, split })
+        let mut text = name;
+        if text != encoded {
+            text.push_str(&encoded);
+        }
+        Ok(LockName {
+            text: text.into_boxed_str(),
+            split,
+        })
     }
 
     /// The name as the caller wrote it.
