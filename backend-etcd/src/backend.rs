@@ -171,7 +171,7 @@ impl LockBackend for EtcdBackend {
     /// a compare-value txn (`delete_ours`: a delete that arrived late must not
     /// remove the path's next grant), and the slot is given back once it went through.
     async fn release(&self, key: &GrantKey) -> Result<bool> {
-        let path = key.resource.as_str();
+        let path = &*key.resource;
         let secret = key.secret.expose_hex();
         let Some((lease, slot)) = parse_attempt_key(path) else {
             return Ok(false);

@@ -29,12 +29,12 @@ impl EtcdBackend {
         let entry = announced_entry(&key.secret.expose_hex(), &key.holder, value);
         let txn = Txn::new()
             .when([Compare::create_revision(
-                key.resource.as_str(),
+                &*key.resource,
                 CompareOp::Equal,
                 token.get() as i64,
             )])
             .and_then([TxnOp::put(
-                key.resource.as_str(),
+                &*key.resource,
                 entry.as_str(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);

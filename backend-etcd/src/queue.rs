@@ -305,7 +305,7 @@ impl EtcdBackend {
         Grant {
             key: GrantKey {
                 name: name.clone(),
-                resource: key,
+                resource: key.into(),
                 secret: secret.clone(),
                 holder,
             },

@@ -42,7 +42,7 @@ impl RedisBackend {
     ) -> Result<Vec<i64>> {
         let mut call = Call::new(&scripts::RENEW, members.len());
         for i in members {
-            call.arg(&batch[*i].0.resource);
+            call.arg(&*batch[*i].0.resource);
         }
         for i in members {
             let (key, ttl) = batch[*i];

@@ -128,7 +128,7 @@ impl LockBackend for ZkBackend {
             .map(|(key, _)| {
                 Ok(
                     if self.layout().owned_by(&key.resource, &key.secret)
-                        && ours.contains(key.resource.as_str())
+                        && ours.contains(&*key.resource)
                     {
                         Renewal::Renewed { ttl }
                     } else {

@@ -27,7 +27,7 @@ pub(crate) struct Inner {
     pub(crate) negotiated_ms: AtomicU64,
     /// The session each granted node lives on, until its release went through: what
     /// [`distlock_api::LockBackend::abandon`] gives up (never another session's).
-    pub(crate) granted: Mutex<HashMap<String, i64>>,
+    pub(crate) granted: Mutex<HashMap<Arc<str>, i64>>,
     /// ZooKeeper gives every write of the ensemble the next zxid (a session's start and end
     /// too), so a czxid gap of 2 proves a repeat grant (see [`RepeatGrant`]).
     pub(crate) repeat: RepeatGrant,

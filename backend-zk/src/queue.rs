@@ -239,6 +239,7 @@ impl ZkBackend {
         if admission == Admission::Exclusive {
             self.inner.repeat.granted(&dir, &path, stat.czxid);
         }
+        let path: Arc<str> = path.into();
         self.inner
             .granted
             .lock()

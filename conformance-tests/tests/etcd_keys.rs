@@ -64,7 +64,7 @@ async fn keys_are_reused_only_once_free() {
     let name = LockName::new("reuse").expect("valid");
     let forged = GrantKey {
         name: name.clone(),
-        resource: fourth.backend_key().to_string(),
+        resource: fourth.backend_key().into(),
         secret: OwnerSecret::random().expect("rng"),
         holder: distlock::HolderInfo::now(),
     };

@@ -1,6 +1,7 @@
 //! The backend trait every store implements, and what it hands back on a grant.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,8 +23,9 @@ use crate::signal::LostSignal;
 pub struct GrantKey {
     /// The lock name.
     pub name: LockName,
-    /// The backend's own address of this grant (Redis key, etcd key, znode path).
-    pub resource: String,
+    /// The backend's own address of this grant (Redis key, etcd key, znode path). Shared: a
+    /// backend that keeps its own map of held grants keys it by this, not a copy.
+    pub resource: Arc<str>,
     /// The proof of ownership written into the backend (never logged).
     pub secret: OwnerSecret,
     /// Who holds it, as written with the entry (an announcement writes it again).
@@ -62,7 +64,7 @@ impl Grant {
     /// session carries it: every backend but etcd's).
     pub fn own_ttl(
         name: &LockName,
-        resource: String,
+        resource: impl Into<Arc<str>>,
         (secret, holder): (OwnerSecret, HolderInfo),
         token: Option<FencingToken>,
         ttl: Duration,
@@ -71,7 +73,7 @@ impl Grant {
         Grant {
             key: GrantKey {
                 name: name.clone(),
-                resource,
+                resource: resource.into(),
                 secret,
                 holder,
             },

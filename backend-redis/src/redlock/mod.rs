@@ -268,7 +268,7 @@ impl LockBackend for RedlockBackend {
             let keys: Vec<GrantKey> = batch
                 .iter()
                 .map(|(k, _)| GrantKey {
-                    resource: n.keys(&k.name).lock,
+                    resource: n.keys(&k.name).lock.into(),
                     ..(*k).clone()
                 })
                 .collect();
