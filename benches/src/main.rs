@@ -417,6 +417,9 @@ async fn primitives_row(t: &Target, size: Size, label: &str) -> Primitives {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "--held-child") {
+        return scale::held_child(&args[2..]).await;
+    }
     let size = if args.iter().any(|a| a == "--smoke") {
         SMOKE
     } else if args.iter().any(|a| a == "--quick") {
@@ -457,7 +460,7 @@ async fn main() {
         postgres: postgres.port(),
     };
     let counters = [
-        Counter::Redis(redis.admin().await.expect("admin")),
+        Counter::Redis(redis.admin().await.expect("admin"), redis.port()),
         Counter::Etcd(etcd.metrics_ports[0]),
         Counter::Zk(zk.client_ports[0]),
     ];
@@ -527,7 +530,7 @@ async fn main() {
             // a tick here, too close to a 3 s TTL's 1 s ticks (the full run lost 11 776 of
             // them); it holds them for 10 s, as etcd's and ZooKeeper's sessions do.
             let ttl = Duration::from_secs(if t.label == "postgres" { 10 } else { 3 });
-            let held = scale::held(connect(&t.url).await, size.held, ttl, &t.counter).await;
+            let held = scale::held_in_child(&t.url, size.held, ttl, &t.counter).await;
             let crowd = if t.label == "postgres" {
                 None
             } else {
@@ -586,7 +589,7 @@ async fn main() {
         );
         // The counters read the servers directly, as on loopback.
         let counters = [
-            Counter::Redis(redis.admin().await.expect("admin")),
+            Counter::Redis(redis.admin().await.expect("admin"), redis.port()),
             Counter::Etcd(etcd.metrics_ports[0]),
             Counter::Zk(zk.client_ports[0]),
         ];

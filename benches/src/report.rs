@@ -436,14 +436,12 @@ const CAUSES: [(&str, &[&str], &str); 5] = [
         "held leases",
         &["RSS growth"],
         "the leases themselves are 0.9 to 1.1 KB each on the heap (counted by a counting \
-         allocator in a probe of 100 000 leases: the lease's shared state, 448 bytes, its lost \
+         allocator in a probe of 100 000 leases: the lease's shared state, 424 bytes, its lost \
          signal, key and name, the watchdog's entry, the backend's own map of held nodes or \
          slots), 90 to 110 MB in all. The rest is memory the allocator's arenas keep after \
          what was allocated only for a while during the takes (requests in flight, and the \
          renewal ticks that land among them, each listing or renewing every lease held so \
-         far), and how much of it stays depends on what the process ran before (in the runs \
-         before this one, ZooKeeper's grew 130 MB on its own and 232 MB after the other \
-         backends' runs). Design: renewal ticks \
+         far). Design: renewal ticks \
          that reuse one buffer per client instead of vectors per tick, and the options every \
          lease of a client shares (margins, mode) kept once per client, not per lease",
     ),
@@ -605,9 +603,9 @@ impl Report {
              Many names: 1 000 names, 256 tasks, one client (one connection or session). Held: \
              leases held at once through one client with the watchdog on (TTL 3 s on Redis, \
              10 s on PostgreSQL, which renews a row per lease; on etcd and ZooKeeper the \
-             session's); RSS growth of the whole process (from a baseline taken once the \
-             allocator gave back what the earlier runs freed, which the leases would reuse \
-             unseen); server requests \
+             session's), in a fresh process of the bench that runs only this (in this process the \
+             arenas the earlier runs left fragmented added up to 100 MB, by what ran before); \
+             RSS growth of that process from before the first take to all held; server requests \
              per renewal tick over three ticks (the ticks counted at the client, the requests \
              by the server (Redis `INFO commandstats` script calls; etcd txns, \
              keep-alive messages and lease lookups from its metrics; ZooKeeper `mntr` packets, pings included)); \

@@ -47,8 +47,8 @@ pub async fn many_names(
 pub enum Counter {
     /// No server (in-process store).
     None,
-    /// Redis `INFO commandstats`: script calls (every renewal is one).
-    Redis(redis::aio::MultiplexedConnection),
+    /// Redis `INFO commandstats`: script calls (every renewal is one); the server's port.
+    Redis(redis::aio::MultiplexedConnection, u16),
     /// etcd's Prometheus metrics: txns, keep-alive messages and lease lookups.
     Etcd(u16),
     /// ZooKeeper `mntr`: packets received (pings included).
@@ -56,11 +56,39 @@ pub enum Counter {
 }
 
 impl Counter {
+    /// This counter as a command-line argument (see [`Counter::from_arg`]).
+    fn arg(&self) -> String {
+        match self {
+            Counter::None => "none".into(),
+            Counter::Redis(_, port) => format!("redis:{port}"),
+            Counter::Etcd(port) => format!("etcd:{port}"),
+            Counter::Zk(port) => format!("zk:{port}"),
+        }
+    }
+
+    /// The counter `arg` names, as [`Counter::arg`] wrote it.
+    pub async fn from_arg(arg: &str) -> Counter {
+        let port = |p: &str| p.parse::<u16>().expect("counter port");
+        match arg.split_once(':') {
+            Some(("redis", p)) => Counter::Redis(
+                redis::Client::open(format!("redis://127.0.0.1:{}", port(p)))
+                    .expect("redis url")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("redis admin connection"),
+                port(p),
+            ),
+            Some(("etcd", p)) => Counter::Etcd(port(p)),
+            Some(("zk", p)) => Counter::Zk(port(p)),
+            _ => Counter::None,
+        }
+    }
+
     /// Requests served so far, or `None` without a server.
     pub async fn read(&self) -> Option<f64> {
         match self {
             Counter::None => None,
-            Counter::Redis(c) => Some(redis_calls(c, &["evalsha", "eval"]).await),
+            Counter::Redis(c, _) => Some(redis_calls(c, &["evalsha", "eval"]).await),
             Counter::Etcd(port) => {
                 let port = *port;
                 tokio::task::spawn_blocking(move || {
@@ -99,7 +127,7 @@ impl Counter {
     pub async fn requests(&self) -> Option<f64> {
         match self {
             Counter::None => None,
-            Counter::Redis(c) => {
+            Counter::Redis(c, _) => {
                 Some(redis_calls(c, &["evalsha", "eval", "subscribe", "unsubscribe"]).await)
             }
             Counter::Etcd(port) => {
@@ -181,6 +209,41 @@ fn rss_kb() -> f64 {
             })
         })
         .unwrap_or(0.0)
+}
+
+/// Runs [`held`] in a fresh process of this bench (`--held-child`), so the RSS growth is that of
+/// a process holding the leases, not also the arenas the earlier runs here left fragmented (the
+/// same leases grew this process 130 MB on a run of ZooKeeper alone and 232 MB after the other
+/// backends' runs).
+pub async fn held_in_child(url: &str, n: usize, ttl: Duration, counter: &Counter) -> Held {
+    let exe = std::env::current_exe().expect("the bench's own path");
+    let out = tokio::process::Command::new(exe)
+        .args([
+            "--held-child",
+            url,
+            &n.to_string(),
+            &ttl.as_millis().to_string(),
+            &counter.arg(),
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .await
+        .expect("start the held run's process");
+    assert!(out.status.success(), "the held run failed: {}", out.status);
+    serde_json::from_slice(&out.stdout).expect("the held run's answer")
+}
+
+/// The child's side of [`held_in_child`]: `args` are what follows `--held-child`; prints the
+/// [`Held`] as JSON.
+pub async fn held_child(args: &[String]) {
+    let [url, n, ttl_ms, counter] = args else {
+        panic!("--held-child takes: url leases ttl-ms counter");
+    };
+    let backend = distlock::connect(url).await.expect("connect");
+    let n = n.parse().expect("leases");
+    let ttl = Duration::from_millis(ttl_ms.parse().expect("ttl-ms"));
+    let held = held(backend, n, ttl, &Counter::from_arg(counter).await).await;
+    println!("{}", serde_json::to_string(&held).expect("json"));
 }
 
 /// Takes `n` leases of `ttl` through one client with the watchdog on, lets it settle, then
