@@ -30,6 +30,8 @@
 //! # Grades
 //! Correctness needs `fsync` and `full_page_writes` on, and no standby streaming unless one is
 //! synchronous (`synchronous_standby_names`); every grant and renewal commits with `synchronous_commit=on`.
+//! What grants nothing (a release, a waiter's entry) commits without waiting for the disk: the
+//! durable commit of any grant after it flushes it too.
 //! A server that fails a check is graded efficiency ([`PostgresBackend::downgrade_reason`]
 //! says why), and a correctness call site is refused. A standby is refused outright, and a
 //! reconnect that finds a correctness server downgraded fails.

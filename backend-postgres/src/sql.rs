@@ -21,7 +21,7 @@
 //! each other).
 
 /// Bumped with any change below: a client that finds another version installs its own.
-pub const VERSION: i64 = 5;
+pub const VERSION: i64 = 6;
 
 /// The first key of every advisory lock the layout takes (`dlck` in ASCII).
 pub const CLASS: i32 = 0x646c_636b;
@@ -114,6 +114,10 @@ END $f$;
 
 -- Grants entry p_seq if admitted: {1, seq}. Else a try's entry is deleted: {0, ms}; a waiter's
 -- is kept alive: {0, ms, seq}; ms = until the first entry ahead expires.
+-- Only a grant waits for the disk. The rest (a waiter's entry, a refused try) commits without:
+-- it grants nothing, a grant after it flushes it too, and a waiter's entry lost in a crash is
+-- found gone at its next re-check and joins again. Else every enqueue would hold the name's
+-- lock through a disk sync, in the way of the hand-over to the head.
 CREATE OR REPLACE FUNCTION {s}.settle(p_name text, p_seq bigint, p_ttl_ms bigint,
                                       p_wait boolean, p_waiter_ms bigint)
 RETURNS bigint[] LANGUAGE plpgsql AS $f$
@@ -125,6 +129,7 @@ BEGIN
         WHERE seq = p_seq;
         RETURN ARRAY[1, p_seq];
     END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
     SELECT greatest(0, ceil(extract(epoch FROM min(expires_at) - clock_timestamp()) * 1000))::bigint
     INTO ms FROM {s}.entry WHERE name = p_name AND seq < p_seq;
     IF NOT p_wait THEN
@@ -179,11 +184,16 @@ END $f$;
 -- then deleted unless a guarded transaction holds it: that one stays, expired, until the
 -- transaction ends and a later call deletes it. Tells whom the delete admits, and the
 -- observers when it carried a leader's value.
+-- Committed without waiting for the disk: it grants nothing, and what it frees is granted by a
+-- later transaction whose durable commit flushes the log up to its own, this one's included (so
+-- a grant it let through never outlives it in a crash). Lost in a crash, it leaves the entry as
+-- a holder that died would, until its expiry. One disk sync fewer per hand-over.
 CREATE OR REPLACE FUNCTION {s}.release(p_name text, p_secret text) RETURNS boolean
 LANGUAGE plpgsql {nobitmap} AS $f$
 DECLARE v_seq bigint; held boolean; led boolean;
 BEGIN
     PERFORM {s}.lock_name(p_name);
+    PERFORM set_config('synchronous_commit', 'off', true);
     SELECT seq, granted AND expires_at > clock_timestamp(), value IS NOT NULL
     INTO v_seq, held, led
     FROM {s}.entry WHERE name = p_name AND secret = p_secret FOR NO KEY UPDATE;

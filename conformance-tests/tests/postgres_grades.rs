@@ -202,3 +202,48 @@ async fn a_standby_is_refused_and_an_asynchronous_one_downgrades_its_primary() {
         .expect("the lock comes free");
     assert!(lease.release().await.expect("release"));
 }
+
+/// The disk syncs of the server's write-ahead log so far, once no client but the asking one is
+/// connected (a backend's counts reach `pg_stat_wal` when it exits at the latest).
+async fn wal_syncs(server: &PostgresServer) -> i64 {
+    until(
+        server,
+        "SELECT count(*) = 0 FROM pg_stat_activity \
+         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+    )
+    .await;
+    admin(server)
+        .await
+        .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
+        .await
+        .expect("pg_stat_wal")
+        .get(0)
+}
+
+/// Issue 39: only a grant waits for the disk. A release grants nothing and the durable commit
+/// of the grant after it flushes the log up to its own, so an uncontended pair costs one sync,
+/// the grant's (every commit waited for one before: two a pair, the release's in the way of the
+/// hand-over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_pair_waits_for_the_disk_once() {
+    const PAIRS: i64 = 40;
+    let server = tokio::task::spawn_blocking(|| start(&[]))
+        .await
+        .expect("start");
+    let connect = || PostgresBackend::connect(options(vec![host(&server)]));
+    // The layout is installed (its own syncs) before the count starts.
+    drop(connect().await.expect("connect"));
+    let before = wal_syncs(&server).await;
+    let locks = distlock::LockClient::new(std::sync::Arc::new(connect().await.expect("connect")));
+    let opts = distlock::AcquireOptions::with_ttl(Duration::from_secs(10));
+    for _ in 0..PAIRS {
+        let lease = locks.try_acquire("syncs", &opts).await.expect("acquire");
+        assert!(lease.release().await.expect("release"));
+    }
+    drop(locks);
+    let per_pair = (wal_syncs(&server).await - before) as f64 / PAIRS as f64;
+    assert!(
+        per_pair < 1.5,
+        "{per_pair:.2} log syncs per acquire and release: the release should not wait for one"
+    );
+}
