@@ -12,10 +12,10 @@
 //!
 //! Workloads: uncontended pairs (ours, raw minimum, our own requests sent raw, the peers),
 //! hand-over with 8 and 64 clients on one name, election, semaphore and read-write mix, 1 000
-//! names under 256 tasks, and 10 000 leases held with the watchdog on. The uncontended,
-//! hand-over, semaphore and read-write tables run twice: on loopback, then through latency links
-//! that add `--delay-us` (default 250) each way, a datacenter's 0.5 ms round trip
-//! (`--delay-us 0` skips that pass).
+//! names under 256 tasks, 100 000 leases held with the watchdog on, and 1 000 waiters on one
+//! name (these three on servers started for them). The uncontended, hand-over, semaphore and
+//! read-write tables run twice: on loopback, then through latency links that add `--delay-us`
+//! (default 250) each way, a datacenter's 0.5 ms round trip (`--delay-us 0` skips that pass).
 
 mod election;
 mod handover;
@@ -414,6 +414,45 @@ async fn primitives_row(t: &Target, size: Size, label: &str) -> Primitives {
     }
 }
 
+/// The scale row of one backend: many names, leases held, and the crowd of waiters.
+async fn scale_row(t: &mut Target, size: Size) -> Scale {
+    // The other clients of this server go first: their keep-alives would blur the server's
+    // request count of the held leases.
+    (t.raw, t.same, t.ping) = (None, None, None);
+    let many = scale::many_names(connect(&t.url).await, 1_000, 256, size.scale_pairs).await;
+    // PostgreSQL renews each lease's own row: an update of 100 000 rows took 0.3-1.4 s
+    // a tick here, too close to a 3 s TTL's 1 s ticks (the full run lost 11 776 of
+    // them); it holds them for 10 s, as etcd's and ZooKeeper's sessions do.
+    let ttl = Duration::from_secs(if t.label == "postgres" { 10 } else { 3 });
+    let held = scale::held_in_child(&t.url, size.held, ttl, &t.counter).await;
+    let crowd = if t.label == "postgres" {
+        None
+    } else {
+        let waiters = WAITERS.min(size.grants);
+        let mut clients = Vec::new();
+        for _ in 0..waiters {
+            clients.push(Waiter::ours(connect(&t.url).await));
+        }
+        let before = t.counter.requests().await;
+        let (stats, handed) =
+            counted_handover(clients, "bench/crowd", size.grants, size.budget).await;
+        let after = t.counter.requests().await;
+        Some(Crowd {
+            waiters,
+            stats,
+            requests_per_handover: before
+                .zip(after)
+                .map(|(b, a)| (a - b) / handed.max(1) as f64),
+        })
+    };
+    Scale {
+        backend: t.label.to_string(),
+        many_names_per_sec: many,
+        held,
+        crowd,
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -520,48 +559,41 @@ async fn main() {
                 .primitives
                 .push(primitives_row(t, size, &loopback.label).await);
         }
-
-        // The other clients of this server go first: their keep-alives would blur the server's
-        // request count of the held leases.
+        // Its baselines' connections (ZooKeeper's sessions ping) close before the next backend.
         (t.raw, t.same, t.ping) = (None, None, None);
-        if !t.lock_only {
-            let many = scale::many_names(connect(&t.url).await, 1_000, 256, size.scale_pairs).await;
-            // PostgreSQL renews each lease's own row: an update of 100 000 rows took 0.3-1.4 s
-            // a tick here, too close to a 3 s TTL's 1 s ticks (the full run lost 11 776 of
-            // them); it holds them for 10 s, as etcd's and ZooKeeper's sessions do.
-            let ttl = Duration::from_secs(if t.label == "postgres" { 10 } else { 3 });
-            let held = scale::held_in_child(&t.url, size.held, ttl, &t.counter).await;
-            let crowd = if t.label == "postgres" {
-                None
-            } else {
-                let waiters = WAITERS.min(size.grants);
-                let mut clients = Vec::new();
-                for _ in 0..waiters {
-                    clients.push(Waiter::ours(connect(&t.url).await));
-                }
-                let before = t.counter.requests().await;
-                let (stats, handed) =
-                    counted_handover(clients, "bench/crowd", size.grants, size.budget).await;
-                let after = t.counter.requests().await;
-                Some(Crowd {
-                    waiters,
-                    stats,
-                    requests_per_handover: before
-                        .zip(after)
-                        .map(|(b, a)| (a - b) / handed.max(1) as f64),
-                })
-            };
-            report.scale.push(Scale {
-                backend: t.label.to_string(),
-                many_names_per_sec: many,
-                held,
-                crowd,
-            });
-        }
     }
 
     report.networks.push(loopback);
     drop(targets);
+
+    // Scale runs on servers of its own, started for it and stopped after it: the 100 000 lock
+    // containers its held run leaves empty kept ZooKeeper reaping them (10 000 a minute) through
+    // the next stage, which taxed that stage's every write; and its takes meet a server in the
+    // same state whatever ran before.
+    {
+        let redis = start(|| RedisServer::start().expect("redis")).await;
+        let etcd = start(|| EtcdCluster::start(1).expect("etcd")).await;
+        let zk = start(|| ZkEnsemble::start(1).expect("zookeeper")).await;
+        let postgres = start(|| PostgresServer::start().expect("postgres")).await;
+        let fresh = Ports {
+            redis: redis.port(),
+            masters: direct.masters.clone(),
+            etcd: etcd.client_ports[0],
+            zk: zk.client_ports[0],
+            postgres: postgres.port(),
+        };
+        let counters = [
+            Counter::Redis(redis.admin().await.expect("admin"), redis.port()),
+            Counter::Etcd(etcd.metrics_ports[0]),
+            Counter::Zk(zk.client_ports[0]),
+        ];
+        let mut targets = backends(&fresh, counters).await;
+        retain_only(&mut targets, only.as_deref());
+        for t in targets.iter_mut().filter(|t| !t.lock_only) {
+            eprintln!("== {}, scale", t.label);
+            report.scale.push(scale_row(t, size).await);
+        }
+    }
 
     // The datacenter setting: every connection through a link that adds `delay_us` each way.
     if delay_us > 0 {
