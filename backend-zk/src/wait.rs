@@ -1,12 +1,14 @@
 //! The wait for admission: an exclusive node watches the two nodes ahead, any other the
 //! queue's children, and each delete ahead is applied to the view without listing when it can.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use distlock_api::{Admission, LockError, LockName, Result};
 use futures_util::future::OptionFuture;
 use tokio::time::Instant;
-use zookeeper_client::EventType;
+use zookeeper_client::{EventType, WatchedEvent};
 
 use crate::client::ZkBackend;
 use crate::session::Epoch;
@@ -17,6 +19,9 @@ impl ZkBackend {
     /// a delete wakes at most two waiters; the first time, `listed` may already hold the queue,
     /// read by the create sent at `sent`). A watched node's delete that leaves at most one node
     /// ahead in our view goes on without listing ([`without`]); any other event lists again.
+    /// The predecessor's watch is kept while the predecessor stays the same: dropped, the client
+    /// would tell the server to remove it, then watch it again (two requests per hand-over for
+    /// the waiter two back, whose far node goes first).
     /// Any other node counts the nodes ahead and their limits, so any delete ahead can
     /// admit it: it watches the directory's children and lists again at each change. Before
     /// success, checks our epoch is still alive (while it is, our ephemeral node is there).
@@ -40,6 +45,9 @@ impl ZkBackend {
         let lost = epoch.lost_signal();
         let mut confirmed = sent;
         let mut checked = false;
+        // The node watched as our predecessor (or, for a shared entry, the directory) and its
+        // watch's event.
+        let mut watching: Option<(String, Watched)> = None;
         loop {
             let queue = match listed.take() {
                 Some(q) => q,
@@ -79,11 +87,14 @@ impl ZkBackend {
                 });
             };
             let asked = Instant::now();
-            let (watcher, far) = if admission == Admission::Exclusive {
+            let far = if admission == Admission::Exclusive {
                 // Two or more back, the node two ahead is watched too: in a queue served in
                 // order it goes first, and its delete leaves us next in line, so our own turn
                 // comes on our predecessor's delete event alone, with no listing in between.
                 let far_at = pos.checked_sub(2);
+                let near_node = &queue[pos - 1];
+                let kept = watching.take().filter(|(node, _)| node == near_node);
+                let asks = kept.is_none() || far_at.is_some();
                 let watch = |i: usize| {
                     self.call(
                         epoch
@@ -91,12 +102,17 @@ impl ZkBackend {
                             .check_and_watch_stat(&format!("{dir}/{}", queue[i])),
                     )
                 };
-                let (near, far) =
-                    tokio::join!(watch(pos - 1), OptionFuture::from(far_at.map(watch)));
-                let (near_stat, watcher) = near?;
+                let (near, far) = tokio::join!(
+                    OptionFuture::from(kept.is_none().then(|| watch(pos - 1))),
+                    OptionFuture::from(far_at.map(watch))
+                );
                 let mut gone = Vec::new();
-                if near_stat.is_none() {
-                    gone.push(pos - 1);
+                match near.transpose()? {
+                    Some((None, _)) => gone.push(pos - 1),
+                    Some((Some(_), w)) => {
+                        watching = Some((near_node.clone(), Box::pin(w.changed())));
+                    }
+                    None => watching = kept,
                 }
                 let far = match (far.transpose()?, far_at) {
                     (Some((None, _)), Some(i)) => {
@@ -106,12 +122,16 @@ impl ZkBackend {
                     (Some((Some(_), w)), _) => Some(w),
                     _ => None,
                 };
-                if !gone.is_empty() {
+                // With the watch kept and nothing two ahead, nothing was asked: no answer
+                // dates our session.
+                if asks {
                     confirmed = asked;
+                }
+                if !gone.is_empty() {
                     listed = without(&queue, pos, &gone);
                     continue;
                 }
-                (watcher, far)
+                far
             } else {
                 let (children, watcher) =
                     self.call(epoch.client.list_and_watch_children(dir)).await?;
@@ -123,12 +143,19 @@ impl ZkBackend {
                     listed = Some(now);
                     continue;
                 }
-                (watcher, None)
+                watching = Some((String::new(), Box::pin(watcher.changed())));
+                confirmed = asked;
+                None
             };
-            confirmed = asked;
             let far_changed = async {
                 match far {
                     Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let near_changed = async {
+                match watching.as_mut() {
+                    Some((_, changed)) => changed.as_mut().await,
                     None => std::future::pending().await,
                 }
             };
@@ -140,7 +167,8 @@ impl ZkBackend {
                         listed = without(&queue, pos, &[pos - 2]);
                     }
                 }
-                event = watcher.changed() => {
+                event = near_changed => {
+                    watching = None;
                     if admission == Admission::Exclusive && event.event_type == EventType::NodeDeleted {
                         listed = without(&queue, pos, &[pos - 1]);
                     }
@@ -174,6 +202,9 @@ fn without(queue: &[String], pos: usize, gone: &[usize]) -> Option<Vec<String>> 
             .collect()
     })
 }
+
+/// A watch's event, awaited across turns of the wait.
+type Watched = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
 
 /// Whose turn [`ZkBackend::wait_turn`] waits for: our node `path` in `dir`, admitted by
 /// `admission`, on `epoch`'s session.

@@ -1,7 +1,8 @@
 //! Requests of the ZooKeeper backend, counted by the server (`mntr` packets): a repeat acquire on
 //! an idle ensemble is granted on its create alone (the zxid gap proves the queue empty); a
 //! hand-over to the next waiter in line costs the release's delete and nothing more, and so does
-//! one to a waiter that queued two back (it watched two ahead meanwhile). A leader read whose
+//! one to a waiter that queued two back (it watched two ahead meanwhile, and kept its watch on
+//! the one ahead when the head went). A leader read whose
 //! listed head went before its read reads the next node, with no listing again. That the
 //! repeat grant never passes a holder in between is the scenario
 //! `repeat_acquire_waits_for_a_holder_in_between`; that waiters keep their order when some give
@@ -178,6 +179,53 @@ async fn a_hand_over_to_a_waiter_that_queued_two_back_needs_no_listing_either() 
     assert!(
         sent <= 2 * ROUNDS + 1,
         "{ROUNDS} hand-overs took {sent} requests; a waiter two back should need no listing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_two_back_keeps_its_watch_on_the_one_ahead_when_the_head_goes() {
+    let zk = ensemble().await;
+    let port = zk.client_ports[0];
+    let clients = [client(&zk).await, client(&zk).await, client(&zk).await];
+    const ROUNDS: u64 = 5;
+    let mut sent = 0;
+    for round in 0..ROUNDS {
+        let name = format!("kept-{round}");
+        let first = clients[0]
+            .try_acquire(&name, &opts())
+            .await
+            .expect("acquire");
+        let mut waiting = Vec::new();
+        for c in &clients[1..] {
+            let (c, name) = (c.clone(), name.clone());
+            waiting.push(tokio::spawn(async move {
+                c.acquire(&name, &opts(), Duration::from_secs(10)).await
+            }));
+            quiet(port).await;
+        }
+        let third = waiting.pop().expect("third");
+        let second = waiting.pop().expect("second");
+        let before = packets(port).await;
+        assert!(first.release().await.expect("release"));
+        let second = second.await.expect("join").expect("the second's grant");
+        // Time for the third to act on the head's delete, which it watched.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sent += packets(port).await - before;
+        assert!(
+            !third.is_finished(),
+            "the third was granted beside the second"
+        );
+        // The watch it kept on the second still brings its turn.
+        assert!(second.release().await.expect("release"));
+        let third = third.await.expect("join").expect("the third's grant");
+        assert!(third.release().await.expect("release"));
+    }
+    // Per round the release's delete and the closing `mntr` reading; two spare for sessions'
+    // pings. Dropping and making again its watch on the second would be two more per round
+    // (the client asks the server to remove a watch dropped before it fired).
+    assert!(
+        sent <= 2 * ROUNDS + 2,
+        "{ROUNDS} heads' releases took {sent} requests; the waiter two back should keep its watch"
     );
 }
 
