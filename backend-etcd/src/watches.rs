@@ -6,7 +6,7 @@
 //! is in step long before any waiter's turn, so the next waiter is granted on the holder's
 //! delete event.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -184,7 +184,10 @@ async fn run(
     let mut backend = Some(backend);
     let mut ticks = tokio::time::interval(LINGER);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut idle, mut idle_deletes) = (false, 0);
+    // The deletes passed on while nobody waited, by revision and key: with a second watch each
+    // comes twice, and counted twice, two deletes ended the watch (and most watches made again
+    // while writes land need the second watch, so it churned every few hand-overs).
+    let (mut idle, mut idle_deletes) = (false, HashSet::new());
     if let Ok(mut watch) = opened {
         loop {
             tokio::select! {
@@ -214,15 +217,17 @@ async fn run(
                             continue;
                         }
                         if hub.notes.receiver_count() == 0 {
-                            idle_deletes += deletes.len();
-                            if idle_deletes >= IDLE_DELETES
-                                && !hub.shared.load(Ordering::Relaxed)
-                                && close_if_idle(&hubs, &prefix, &hub)
-                            {
-                                return;
+                            if !hub.shared.load(Ordering::Relaxed) {
+                                let seen = deletes.iter().map(|(k, rev)| (*rev, k.clone()));
+                                idle_deletes.extend(seen);
+                                if idle_deletes.len() >= IDLE_DELETES
+                                    && close_if_idle(&hubs, &prefix, &hub)
+                                {
+                                    return;
+                                }
                             }
                         } else {
-                            idle_deletes = 0;
+                            idle_deletes.clear();
                         }
                         // A wait that subscribes from now on may have missed these deletes: it
                         // reads at their revision or later.
