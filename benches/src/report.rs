@@ -399,17 +399,19 @@ const CAUSES: [(&str, &[&str], &str); 6] = [
          of the name, with nothing made or read on its way up, so requests per hand-over \
          stay flat up to 64 clients (3 to 4 at 8 and 64) and grow beyond (11 at 1 000: each \
          hand-over brings a waiter within reach, which reads again and opens that watch). But \
-         each delete is then an event on every waiting client's watch, and etcd 3.4 sends \
-         each put under the name to it too, as a message with no event when the watch filters \
-         puts out. Traced with the member's metrics at 0.5 ms RTT: 11.7 watch messages sent \
-         per hand-over with 8 clients, 117 with 64 (twice the clients waiting), and with 64 the \
-         member answers a release in 3.2 ms at p50 against 1.6 ms with 8 (two commits per \
-         hand-over either way, the release and the releaser's enqueue, each log sync 0.25 ms \
-         on average), a hand-over taking 3.5 ms against 2.1 ms. Design: a waiter follows only \
-         the key right ahead of it and the one two ahead (a key's watch sees no other key's \
-         puts, and a delete wakes two clients), as the ZooKeeper waiters do, with those \
-         watches made at enqueue so they are in step, and reads on a delete only when it \
-         knew of more keys ahead",
+         each delete is then an event on every waiting client's watch, and twice on most: a \
+         watch made while writes land is not proven live and gets a second one, which stays. \
+         Traced with the member's metrics at 0.5 ms RTT: 16 watch events sent per hand-over \
+         with 8 clients, 125 with 64, and with 64 the member answers a release in 3.1 ms at \
+         p50 against 1.6 ms with 8 (two commits per hand-over either way, the release and the \
+         releaser's enqueue, each log sync 0.25 ms on average), a hand-over taking 3.3 ms \
+         against 1.6 ms. (Counted twice, those deletes also ended a client's watch every few \
+         hand-overs, until each was counted once: 463 -> 617 hand-overs/s with 8 clients in \
+         that trace.) Design: the second watch cancelled once the first delivers past the \
+         second's start (in step from then), halving those events; and a waiter following \
+         only the key right ahead of it and the one two ahead (a delete then wakes two \
+         clients), as the ZooKeeper waiters do, with those watches made at enqueue, reading \
+         on a delete only when it knew of more keys ahead",
     ),
     (
         "zk",
