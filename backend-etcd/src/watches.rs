@@ -188,18 +188,25 @@ async fn run(
     // comes twice, and counted twice, two deletes ended the watch (and most watches made again
     // while writes land need the second watch, so it churned every few hand-overs).
     let (mut idle, mut idle_deletes) = (false, HashSet::new());
+    // The first watch's id; the second's and the revision it starts after, while it stays; the
+    // second's id once cancelled (its answer says so, and ends nothing).
+    let (mut first, mut second, mut dropped) = (None, None, None);
     if let Ok(mut watch) = opened {
         loop {
             tokio::select! {
                 msg = watch.message() => match msg {
+                    Ok(Some(w)) if w.canceled() && Some(w.watch_id()) == dropped => {}
                     Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => break,
                     Ok(Some(w)) if w.created() => {
                         // The first creation is proven; the second watch's needs nothing. The
                         // client is let go after the proof, so a lingering watch does not keep a
                         // dropped client (its session, its other streams) alive.
                         let Some(backend) = backend.take() else {
+                            let from = w.header().map_or(i64::MAX, |h| h.revision());
+                            second = Some((w.watch_id(), from));
                             continue;
                         };
+                        first = Some(w.watch_id());
                         let at = w.header().map_or(i64::MAX, |h| h.revision());
                         *hub.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Live(at);
                         let _ = hub.notes.send(Arc::new(Note::Live(at)));
@@ -215,6 +222,20 @@ async fn run(
                         let deletes = deletes(&w);
                         if deletes.is_empty() {
                             continue;
+                        }
+                        // The first watch passed on a delete after the second's start: etcd's
+                        // catch-up hands a late watch everything up to the current revision
+                        // before it counts it in step, so the first is in step now and the
+                        // second only doubles every event (twice the messages to a client).
+                        if let Some((id, from)) = second
+                            && Some(w.watch_id()) == first
+                            && deletes.iter().any(|(_, rev)| *rev > from)
+                        {
+                            second = None;
+                            dropped = Some(id);
+                            if watch.cancel(id).await.is_err() {
+                                break;
+                            }
                         }
                         if hub.notes.receiver_count() == 0 {
                             if !hub.shared.load(Ordering::Relaxed) {
