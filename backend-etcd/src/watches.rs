@@ -169,8 +169,10 @@ impl NameWatches {
 /// with 8 clients took 30 to 100 ms, each on a watch made just before). A read answered at the
 /// revision of the watch's creation proves no write came in between; when it does not, a second
 /// watch of the name is made on the same stream, and the deletes of both are passed on, so a
-/// wait is late only when both fell behind. A delete passed on twice changes nothing the
-/// second time: a wait removes a key once, and ignores deletes older than its view.
+/// wait is late only when both fell behind, until the first passes on a delete after the
+/// second's start (in step from then: the second is cancelled). A delete passed on twice
+/// changes nothing the second time: a wait removes a key once, and ignores deletes older than
+/// its view.
 async fn run(
     backend: impl WatchSource,
     prefix: String,
