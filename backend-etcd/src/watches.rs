@@ -6,7 +6,7 @@
 //! is in step long before any waiter's turn, so the next waiter is granted on the holder's
 //! delete event.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -169,10 +169,8 @@ impl NameWatches {
 /// with 8 clients took 30 to 100 ms, each on a watch made just before). A read answered at the
 /// revision of the watch's creation proves no write came in between; when it does not, a second
 /// watch of the name is made on the same stream, and the deletes of both are passed on, so a
-/// wait is late only when both fell behind, until the first passes on a delete after the
-/// second's start (in step from then: the second is cancelled). A delete passed on twice
-/// changes nothing the second time: a wait removes a key once, and ignores deletes older than
-/// its view.
+/// wait is late only when both fell behind. A delete passed on twice changes nothing the
+/// second time: a wait removes a key once, and ignores deletes older than its view.
 async fn run(
     backend: impl WatchSource,
     prefix: String,
@@ -186,29 +184,19 @@ async fn run(
     let mut backend = Some(backend);
     let mut ticks = tokio::time::interval(LINGER);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The deletes passed on while nobody waited, by revision and key: with a second watch each
-    // comes twice, and counted twice, two deletes ended the watch (and most watches made again
-    // while writes land need the second watch, so it churned every few hand-overs).
-    let (mut idle, mut idle_deletes) = (false, HashSet::new());
-    // The first watch's id; the second's and the revision it starts after, while it stays; the
-    // second's id once cancelled (its answer says so, and ends nothing).
-    let (mut first, mut second, mut dropped) = (None, None, None);
+    let (mut idle, mut idle_deletes) = (false, 0);
     if let Ok(mut watch) = opened {
         loop {
             tokio::select! {
                 msg = watch.message() => match msg {
-                    Ok(Some(w)) if w.canceled() && Some(w.watch_id()) == dropped => {}
                     Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => break,
                     Ok(Some(w)) if w.created() => {
                         // The first creation is proven; the second watch's needs nothing. The
                         // client is let go after the proof, so a lingering watch does not keep a
                         // dropped client (its session, its other streams) alive.
                         let Some(backend) = backend.take() else {
-                            let from = w.header().map_or(i64::MAX, |h| h.revision());
-                            second = Some((w.watch_id(), from));
                             continue;
                         };
-                        first = Some(w.watch_id());
                         let at = w.header().map_or(i64::MAX, |h| h.revision());
                         *hub.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Live(at);
                         let _ = hub.notes.send(Arc::new(Note::Live(at)));
@@ -225,32 +213,16 @@ async fn run(
                         if deletes.is_empty() {
                             continue;
                         }
-                        // The first watch passed on a delete after the second's start: etcd's
-                        // catch-up hands a late watch everything up to the current revision
-                        // before it counts it in step, so the first is in step now and the
-                        // second only doubles every event (twice the messages to a client).
-                        if let Some((id, from)) = second
-                            && Some(w.watch_id()) == first
-                            && deletes.iter().any(|(_, rev)| *rev > from)
-                        {
-                            second = None;
-                            dropped = Some(id);
-                            if watch.cancel(id).await.is_err() {
-                                break;
-                            }
-                        }
                         if hub.notes.receiver_count() == 0 {
-                            if !hub.shared.load(Ordering::Relaxed) {
-                                let seen = deletes.iter().map(|(k, rev)| (*rev, k.clone()));
-                                idle_deletes.extend(seen);
-                                if idle_deletes.len() >= IDLE_DELETES
-                                    && close_if_idle(&hubs, &prefix, &hub)
-                                {
-                                    return;
-                                }
+                            idle_deletes += deletes.len();
+                            if idle_deletes >= IDLE_DELETES
+                                && !hub.shared.load(Ordering::Relaxed)
+                                && close_if_idle(&hubs, &prefix, &hub)
+                            {
+                                return;
                             }
                         } else {
-                            idle_deletes.clear();
+                            idle_deletes = 0;
                         }
                         // A wait that subscribes from now on may have missed these deletes: it
                         // reads at their revision or later.

@@ -399,20 +399,14 @@ const CAUSES: [(&str, &[&str], &str); 6] = [
          of the name, with nothing made or read on its way up, so requests per hand-over \
          stay flat up to 64 clients (3 to 4 at 8 and 64) and grow beyond (11 at 1 000: each \
          hand-over brings a waiter within reach, which reads again and opens that watch). But \
-         each delete is then an event on every waiting client's watch. Traced with the \
-         member's metrics at 0.5 ms RTT: with 64 clients the member answers a release in \
-         2.9 ms at p50 against 1.6 ms with 8 (two commits per hand-over either way, the \
-         release and the releaser's enqueue, each log sync 0.25 ms on average), a hand-over \
-         taking 3.2 ms against 1.6 ms. The events are not what slows it: most watches had a \
-         second one (made when the first is not proven live, under steady writes nearly \
-         always), so every delete went twice to most clients (16 watch messages per \
-         hand-over with 8 clients, 125 with 64), and cancelling it once the first is in step \
-         halved them (8 and 63) with hand-overs/s unchanged with 8 and 303 -> 316 with 64. \
-         Where the member's time goes with 64 clients (their sessions' keep-alives, 64 \
-         connections through the link) was not split further. Design: a waiter following \
-         only the key right ahead of it and the one two ahead, as the ZooKeeper waiters do \
-         (a delete wakes two clients), with those watches made at enqueue, reading on a \
-         delete only when it knew of more keys ahead, tried against the same trace",
+         each delete is then an event on every waiting client's watch (63 at 64 clients), sent \
+         through the member and read by each client, on 2 cores shared with them; hand-overs \
+         per RTT fall from 8 to 64 clients as that grows (the time was not split further). \
+         Each hand-over is also two commits synced to disk (the release, the releaser's \
+         enqueue), so the floor is a round trip plus a commit. Design: a waiter follows only \
+         the key right ahead of it (as etcd's own lock does, a delete wakes one client), with \
+         that watch made at enqueue so it is in step, and reads on that key's delete only when \
+         it knew of more keys ahead",
     ),
     (
         "zk",

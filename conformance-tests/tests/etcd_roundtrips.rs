@@ -2,8 +2,7 @@
 //! cluster is its put alone (the revision gap proves the queue empty), with no range read; a
 //! release is one compare-and-delete txn on the key's value. That
 //! it never passes a holder in between is the scenario `repeat_acquire_waits_for_a_holder_in_between`.
-//! A name's watch not proven live gets a second one (the member's watcher count) until the
-//! first is seen in step, and counts each delete once meanwhile. Clients
+//! A name's watch not proven live gets a second one (the member's watcher count). Clients
 //! taking turns on a name wait on its shared watch and open no watch per wait, and a reader's
 //! watch of the name outlives deletes it did not wait for (the member's watch streams). A
 //! hand-over in a queue of 24 clients costs what one of 8 does (the member's received messages).
@@ -172,77 +171,6 @@ async fn a_waiter_whose_watch_is_not_proven_live_keeps_a_second_one() {
         "the granted waiter left a watch behind"
     );
     assert!(lease.release().await.expect("release"));
-}
-
-/// A name's watch with a second one (not proven live) gets each delete twice; counted twice, two
-/// deletes with nobody waiting ended it, and under steady writes nearly every watch made again
-/// needs the second one too: with 8 clients taking turns, a client's watch ended and was made
-/// again every few hand-overs. The waiter's watch made with a second one (as in the test above)
-/// must outlive three deletes after its grant (its own release and two more), fewer than the
-/// four that end a watch nobody waits on; and once the first watch passed on a delete after
-/// the second's start, the second is cancelled (it only doubled every event).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watch_with_a_second_one_counts_each_delete_once() {
-    let d = deploy("etcd", 1, false).await;
-    let port = d.cluster.metrics_ports[0];
-    let renewed = AcquireOptions::with_ttl(Duration::from_secs(30));
-    let first = client(&d.cluster.endpoints()).await;
-    let holder = first
-        .try_acquire("counted", &renewed)
-        .await
-        .expect("acquire");
-    let link = LatencyLink::start(
-        ([127, 0, 0, 1], d.cluster.client_ports[0]).into(),
-        Duration::from_millis(100),
-    )
-    .expect("link");
-    let waiter = client(&[link.addr().to_string()]).await;
-    let before = watchers(port).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (stop, endpoints) = (stop.clone(), d.cluster.endpoints());
-        tokio::spawn(async move {
-            let mut raw = etcd_client::Client::connect(endpoints, None)
-                .await
-                .expect("connect");
-            while !stop.load(Ordering::Relaxed) {
-                raw.put("counted-noise", "x", None).await.expect("put");
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-    };
-    let waiting = tokio::spawn(async move {
-        waiter
-            .acquire("counted", &renewed, Duration::from_secs(10))
-            .await
-    });
-    let held = watchers_until(port, |n| n >= before + 2.0).await;
-    stop.store(true, Ordering::Relaxed);
-    writer.await.expect("writer");
-    assert_eq!(
-        held,
-        before + 2.0,
-        "the waiter's watch should have a second one"
-    );
-    assert!(holder.release().await.expect("release"));
-    let lease = waiting.await.expect("join").expect("the waiter's grant");
-    assert!(lease.release().await.expect("release"));
-    for _ in 0..2 {
-        let lease = first
-            .try_acquire("counted", &opts())
-            .await
-            .expect("acquire");
-        assert!(lease.release().await.expect("release"));
-    }
-    // Well within the second of lingering a watch nobody waits on is kept anyway. The first
-    // watch passed those deletes on, in step: the second went, and one stays.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        watchers(port).await,
-        before + 1.0,
-        "three deletes ended the name's watch (each counted twice), or its second watch stayed \
-         when the first was in step"
-    );
 }
 
 /// Watch streams the member has started so far.
