@@ -414,6 +414,15 @@ async fn primitives_row(t: &Target, size: Size, label: &str) -> Primitives {
     }
 }
 
+/// Counters of the server requests of these servers, read directly (not through a link).
+async fn counters_of(redis: &RedisServer, etcd: &EtcdCluster, zk: &ZkEnsemble) -> [Counter; 3] {
+    [
+        Counter::Redis(redis.admin().await.expect("admin"), redis.port()),
+        Counter::Etcd(etcd.metrics_ports[0]),
+        Counter::Zk(zk.client_ports[0]),
+    ]
+}
+
 /// The scale row of one backend: many names, leases held, and the crowd of waiters.
 async fn scale_row(t: &mut Target, size: Size) -> Scale {
     // The other clients of this server go first: their keep-alives would blur the server's
@@ -498,11 +507,7 @@ async fn main() {
         zk: zk.client_ports[0],
         postgres: postgres.port(),
     };
-    let counters = [
-        Counter::Redis(redis.admin().await.expect("admin"), redis.port()),
-        Counter::Etcd(etcd.metrics_ports[0]),
-        Counter::Zk(zk.client_ports[0]),
-    ];
+    let counters = counters_of(&redis, &etcd, &zk).await;
     let mut targets = backends(&direct, counters).await;
     retain_only(&mut targets, only.as_deref());
 
@@ -582,11 +587,7 @@ async fn main() {
             zk: zk.client_ports[0],
             postgres: postgres.port(),
         };
-        let counters = [
-            Counter::Redis(redis.admin().await.expect("admin"), redis.port()),
-            Counter::Etcd(etcd.metrics_ports[0]),
-            Counter::Zk(zk.client_ports[0]),
-        ];
+        let counters = counters_of(&redis, &etcd, &zk).await;
         let mut targets = backends(&fresh, counters).await;
         retain_only(&mut targets, only.as_deref());
         for t in targets.iter_mut().filter(|t| !t.lock_only) {
@@ -620,11 +621,7 @@ async fn main() {
             rounds,
         );
         // The counters read the servers directly, as on loopback.
-        let counters = [
-            Counter::Redis(redis.admin().await.expect("admin"), redis.port()),
-            Counter::Etcd(etcd.metrics_ports[0]),
-            Counter::Zk(zk.client_ports[0]),
-        ];
+        let counters = counters_of(&redis, &etcd, &zk).await;
         let mut targets = backends(&linked, counters).await;
         retain_only(&mut targets, only.as_deref());
         for t in &mut targets {
