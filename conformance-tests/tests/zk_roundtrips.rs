@@ -136,6 +136,33 @@ async fn quiet(port: u16) {
     }
 }
 
+/// A waiter's acquire running in the background.
+type Waiting = tokio::task::JoinHandle<distlock::Result<distlock::Lease>>;
+
+/// The first client takes `name`; the second queues behind it, then the third behind the
+/// second, each settled before the next.
+async fn queue_of_three(
+    clients: &[LockClient; 3],
+    name: &str,
+    port: u16,
+) -> (distlock::Lease, Waiting, Waiting) {
+    let first = clients[0]
+        .try_acquire(name, &opts())
+        .await
+        .expect("acquire");
+    let mut waiting = Vec::new();
+    for c in &clients[1..] {
+        let (c, name) = (c.clone(), name.to_string());
+        waiting.push(tokio::spawn(async move {
+            c.acquire(&name, &opts(), Duration::from_secs(10)).await
+        }));
+        quiet(port).await;
+    }
+    let third = waiting.pop().expect("third");
+    let second = waiting.pop().expect("second");
+    (first, second, third)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_to_a_waiter_that_queued_two_back_needs_no_listing_either() {
     let zk = ensemble().await;
@@ -145,21 +172,7 @@ async fn a_hand_over_to_a_waiter_that_queued_two_back_needs_no_listing_either() 
     let mut sent = 0;
     for round in 0..ROUNDS {
         let name = format!("two-back-{round}");
-        let first = clients[0]
-            .try_acquire(&name, &opts())
-            .await
-            .expect("acquire");
-        // The second queues behind the first, then the third behind the second.
-        let mut waiting = Vec::new();
-        for c in &clients[1..] {
-            let (c, name) = (c.clone(), name.clone());
-            waiting.push(tokio::spawn(async move {
-                c.acquire(&name, &opts(), Duration::from_secs(10)).await
-            }));
-            quiet(port).await;
-        }
-        let third = waiting.pop().expect("third");
-        let second = waiting.pop().expect("second");
+        let (first, second, third) = queue_of_three(&clients, &name, port).await;
         assert!(first.release().await.expect("release"));
         let second = second.await.expect("join").expect("the second's grant");
         assert!(
@@ -191,20 +204,7 @@ async fn a_waiter_two_back_keeps_its_watch_on_the_one_ahead_when_the_head_goes()
     let mut sent = 0;
     for round in 0..ROUNDS {
         let name = format!("kept-{round}");
-        let first = clients[0]
-            .try_acquire(&name, &opts())
-            .await
-            .expect("acquire");
-        let mut waiting = Vec::new();
-        for c in &clients[1..] {
-            let (c, name) = (c.clone(), name.clone());
-            waiting.push(tokio::spawn(async move {
-                c.acquire(&name, &opts(), Duration::from_secs(10)).await
-            }));
-            quiet(port).await;
-        }
-        let third = waiting.pop().expect("third");
-        let second = waiting.pop().expect("second");
+        let (first, second, third) = queue_of_three(&clients, &name, port).await;
         let before = packets(port).await;
         assert!(first.release().await.expect("release"));
         let second = second.await.expect("join").expect("the second's grant");
