@@ -2,7 +2,8 @@
 //! cluster is its put alone (the revision gap proves the queue empty), with no range read; a
 //! release is one compare-and-delete txn on the key's value. That
 //! it never passes a holder in between is the scenario `repeat_acquire_waits_for_a_holder_in_between`.
-//! A name's watch not proven live gets a second one (the member's watcher count). Clients
+//! A name's watch not proven live gets a second one (the member's watcher count), and counts
+//! each delete once all the same. Clients
 //! taking turns on a name wait on its shared watch and open no watch per wait, and a reader's
 //! watch of the name outlives deletes it did not wait for (the member's watch streams). A
 //! hand-over in a queue of 24 clients costs what one of 8 does (the member's received messages).
@@ -171,6 +172,87 @@ async fn a_waiter_whose_watch_is_not_proven_live_keeps_a_second_one() {
         "the granted waiter left a watch behind"
     );
     assert!(lease.release().await.expect("release"));
+}
+
+/// A name's watch with a second one (not proven live, as in the test above) gets each delete
+/// twice; counted twice, two deletes with nobody waiting ended it, and under steady writes
+/// nearly every watch made again needs the second one too: with 8 clients taking turns, a
+/// client's watch ended and was made again every few hand-overs. After its waiter's grant, the
+/// watch must outlive three deletes (the waiter's release and two more), fewer than the four
+/// that end a watch nobody waits on. A watch nobody waits on also goes after a second or two
+/// whatever passes, so the count is only judged on a run that fits well inside that second;
+/// a slower run is made again on another name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_with_a_second_one_counts_each_delete_once() {
+    let d = deploy("etcd", 1, false).await;
+    let port = d.cluster.metrics_ports[0];
+    let renewed = AcquireOptions::with_ttl(Duration::from_secs(30));
+    let first = client(&d.cluster.endpoints()).await;
+    let link = LatencyLink::start(
+        ([127, 0, 0, 1], d.cluster.client_ports[0]).into(),
+        // Enough for writes to land between the watch's creation and its proof read.
+        Duration::from_millis(25),
+    )
+    .expect("link");
+    let base = watchers(port).await;
+    for attempt in 0..5 {
+        let name = format!("counted-{attempt}");
+        // The last run's watch goes after its second or two.
+        let before = watchers_until(port, |n| n <= base).await;
+        let holder = first.try_acquire(&name, &renewed).await.expect("acquire");
+        let waiter = client(&[link.addr().to_string()]).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (stop, endpoints) = (stop.clone(), d.cluster.endpoints());
+            tokio::spawn(async move {
+                let mut raw = etcd_client::Client::connect(endpoints, None)
+                    .await
+                    .expect("connect");
+                while !stop.load(Ordering::Relaxed) {
+                    raw.put("counted-noise", "x", None).await.expect("put");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        };
+        let waiting = {
+            let (waiter, name, renewed) = (waiter.clone(), name.clone(), renewed.clone());
+            tokio::spawn(async move {
+                waiter
+                    .acquire(&name, &renewed, Duration::from_secs(10))
+                    .await
+            })
+        };
+        let held = watchers_until(port, |n| n >= before + 2.0).await;
+        stop.store(true, Ordering::Relaxed);
+        writer.await.expect("writer");
+        assert_eq!(
+            held,
+            before + 2.0,
+            "the waiter's watch should have a second one"
+        );
+        assert!(holder.release().await.expect("release"));
+        let lease = waiting.await.expect("join").expect("the waiter's grant");
+        let granted = tokio::time::Instant::now();
+        assert!(lease.release().await.expect("release"));
+        for _ in 0..2 {
+            let lease = first.try_acquire(&name, &opts()).await.expect("acquire");
+            assert!(lease.release().await.expect("release"));
+        }
+        // The last delete reaches the waiter's watch across the link; an ended watch's
+        // cancel reaches the member the same way.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let after = watchers(port).await;
+        if granted.elapsed() < Duration::from_millis(800) {
+            assert_eq!(
+                after,
+                before + 2.0,
+                "three deletes ended the name's watch: each was counted twice"
+            );
+            return;
+        }
+        drop(waiter);
+    }
+    panic!("no run fitted in the second a watch nobody waits on is kept");
 }
 
 /// Watch streams the member has started so far.
