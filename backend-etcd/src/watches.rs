@@ -170,8 +170,10 @@ impl NameWatches {
 /// with 8 clients took 30 to 100 ms, each on a watch made just before). A read answered at the
 /// revision of the watch's creation proves no write came in between; when it does not, a second
 /// watch of the name is made on the same stream, and the deletes of both are passed on, so a
-/// wait is late only when both fell behind. A delete passed on twice changes nothing the
-/// second time: a wait removes a key once, and ignores deletes older than its view.
+/// wait is late only when both fell behind, until the first passes on a delete after the
+/// second's start (in step from then: the second is cancelled). A delete passed on twice
+/// changes nothing the second time: a wait removes a key once, and ignores deletes older than
+/// its view.
 async fn run(
     backend: impl WatchSource,
     prefix: String,
@@ -191,18 +193,25 @@ async fn run(
     // hand-overs). A delete at or below the newest revision seen is such a repeat, or a late
     // one, which only keeps the watch a little longer.
     let (mut idle, mut idle_deletes, mut newest) = (false, 0, 0);
+    // The first watch's id; the second's with the revision it starts after, while it stays; the
+    // second's id once cancelled (its answer says so, and ends nothing).
+    let (mut first, mut second, mut dropped) = (None, None, None);
     if let Ok(mut watch) = opened {
         loop {
             tokio::select! {
                 msg = watch.message() => match msg {
+                    Ok(Some(w)) if w.canceled() && Some(w.watch_id()) == dropped => {}
                     Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => break,
                     Ok(Some(w)) if w.created() => {
                         // The first creation is proven; the second watch's needs nothing. The
                         // client is let go after the proof, so a lingering watch does not keep a
                         // dropped client (its session, its other streams) alive.
                         let Some(backend) = backend.take() else {
+                            let from = w.header().map_or(i64::MAX, |h| h.revision());
+                            second = Some((w.watch_id(), from));
                             continue;
                         };
+                        first = Some(w.watch_id());
                         let at = w.header().map_or(i64::MAX, |h| h.revision());
                         *hub.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Live(at);
                         let _ = hub.notes.send(Arc::new(Note::Live(at)));
@@ -218,6 +227,20 @@ async fn run(
                         let deletes = deletes(&w);
                         if deletes.is_empty() {
                             continue;
+                        }
+                        // The first watch passed on a delete after the second's start: etcd's
+                        // catch-up hands a late watch everything up to the current revision
+                        // before it counts it in step, so the first is in step now, and the
+                        // second only doubles every event (twice the messages to the client).
+                        if let Some((id, from)) = second
+                            && Some(w.watch_id()) == first
+                            && deletes.iter().any(|(_, rev)| *rev > from)
+                        {
+                            second = None;
+                            dropped = Some(id);
+                            if watch.cancel(id).await.is_err() {
+                                break;
+                            }
                         }
                         let new = deletes.iter().filter(|(_, rev)| *rev > newest).count();
                         newest = deletes.iter().fold(newest, |n, (_, rev)| n.max(*rev));
