@@ -397,16 +397,24 @@ const CAUSES: [(&str, &[&str], &str); 6] = [
         &[", etcd x", "| etcd "],
         "an exclusive waiter within the 64 keys ahead it reads waits on its client's watch \
          of the name, with nothing made or read on its way up, so requests per hand-over \
-         stay flat up to 64 clients (3 to 4 at 8 and 64) and grow beyond (11 at 1 000: each \
+         stay flat up to 64 clients (2 to 3 at 8 and 64) and grow beyond (14 at 1 000: each \
          hand-over brings a waiter within reach, which reads again and opens that watch). But \
          each delete is then an event on every waiting client's watch (63 at 64 clients), sent \
-         through the member and read by each client, on 2 cores shared with them; hand-overs \
-         per RTT fall from 8 to 64 clients as that grows (the time was not split further). \
-         Each hand-over is also two commits synced to disk (the release, the releaser's \
-         enqueue), so the floor is a round trip plus a commit. Design: a waiter follows only \
-         the key right ahead of it (as etcd's own lock does, a delete wakes one client), with \
-         that watch made at enqueue so it is in step, and reads on that key's delete only when \
-         it knew of more keys ahead",
+         through the member and read by each client, on 2 cores shared with them. Two costs \
+         of it are gone: the copy of each delete from a name's second watch (made when the \
+         first is not proven live, under steady writes nearly always) was counted, so with 8 \
+         clients a watch ended and was made again every few hand-overs (traced at 0.5 ms RTT: \
+         463 -> 617 hand-overs/s once each delete counted once); and that second watch stayed, \
+         doubling every event, until it was cancelled once the first is in step (two runs on \
+         one machine, 64 clients: 184 -> 213 hand-overs/s on loopback, 97 -> 122 at 0.5 ms \
+         RTT). What is left grows with the clients: with 64 the member answered a release in \
+         2.9 ms at p50 against 1.6 ms with 8 (traced; two commits per hand-over either way, \
+         the release and the releaser's enqueue, each log sync 0.25 ms on average), where \
+         etcd's own lock wakes one client per delete. These rows come from a slower machine \
+         than the others (an etcd read round trip of 0.55 ms on loopback against 0.30 in the \
+         full run before). Design: a waiter follows only the key right ahead of it (as etcd's \
+         own lock does, a delete wakes one client), with that watch made at enqueue so it is \
+         in step, and reads on that key's delete only when it knew of more keys ahead",
     ),
     (
         "zk",
@@ -548,9 +556,9 @@ impl Report {
         );
         if !self.merged.is_empty() {
             md.push_str(&format!(
-                "\nThe rows of {} come from a later run of their own on the same kind of \
-                 machine (`--only ... --merge`): compare ratios within a row, which one run \
-                 measured, rather than absolute figures across backends.\n",
+                "\nThe rows of {} come from a later run of their own (`--only ... --merge`), \
+                 on a machine of the same kind whose speed may differ: compare ratios within a \
+                 row, which one run measured, rather than absolute figures across backends.\n",
                 self.merged.join(", ")
             ));
         }
