@@ -407,10 +407,13 @@ const CAUSES: [(&str, &[&str], &str); 6] = [
          463 -> 617 hand-overs/s once each delete counted once); and that second watch stayed, \
          doubling every event, until it was cancelled once the first is in step (two runs on \
          one machine, 64 clients: 184 -> 213 hand-overs/s on loopback, 97 -> 122 at 0.5 ms \
-         RTT). What is left grows with the clients: with 64 the member answered a release in \
-         2.9 ms at p50 against 1.6 ms with 8 (traced; two commits per hand-over either way, \
-         the release and the releaser's enqueue, each log sync 0.25 ms on average), where \
-         etcd's own lock wakes one client per delete. These rows come from a slower machine \
+         RTT). What is left is the member's CPU, traced on loopback by its CPU time: it was \
+         busy about one core throughout, and its CPU time per hand-over was the hand-over's time, \
+         1.5 ms with 8 clients (two commits, the release and the releaser's enqueue; a lone \
+         put cost it 0.76 ms on that machine) and 3.3 ms with 64. The 1.8 ms more with 64 \
+         comes with the 55 more watches each delete goes to (not split further: about 30 us \
+         each if it is all theirs), where etcd's own lock wakes one client per delete. These \
+         rows come from a slower machine \
          than the others (an etcd read round trip of 0.55 ms on loopback against 0.30 in the \
          full run before). Design: a waiter follows only the key right ahead of it (as etcd's \
          own lock does, a delete wakes one client), with that watch made at enqueue so it is \
