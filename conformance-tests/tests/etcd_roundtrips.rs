@@ -16,6 +16,7 @@ use distlock::{AcquireOptions, LockClient};
 use distlock_conformance::deployments::etcd::{deploy, options};
 use distlock_conformance::harness::{LatencyLink, metric_sum};
 use distlock_etcd::EtcdBackend;
+use tokio::task::JoinHandle;
 
 async fn client(endpoints: &[String]) -> LockClient {
     let backend = EtcdBackend::connect(endpoints, options())
@@ -103,6 +104,23 @@ async fn watchers_until(port: u16, ok: impl Fn(f64) -> bool) -> f64 {
     }
 }
 
+/// Puts `key` every 2 ms until the flag is set: writes landing while a watch is made (what
+/// leaves it behind, so not proven live).
+fn noise(endpoints: Vec<String>, key: &'static str) -> (Arc<AtomicBool>, JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let writer = tokio::spawn(async move {
+        let mut raw = etcd_client::Client::connect(endpoints, None)
+            .await
+            .expect("connect");
+        while !flag.load(Ordering::Relaxed) {
+            raw.put(key, "x", None).await.expect("put");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    (stop, writer)
+}
+
 /// The guard against etcd's unsynced watches (the hand-over tail of issue 27): a watch that
 /// names no start revision and meets a write while etcd registers it is left behind, and its
 /// events then come from the server's catch-up loop, up to 100 ms late. A name's shared watch is
@@ -131,19 +149,7 @@ async fn a_waiter_whose_watch_is_not_proven_live_keeps_a_second_one() {
     let waiter = client(&[link.addr().to_string()]).await;
     let before = watchers(port).await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (stop, endpoints) = (stop.clone(), d.cluster.endpoints());
-        tokio::spawn(async move {
-            let mut raw = etcd_client::Client::connect(endpoints, None)
-                .await
-                .expect("connect");
-            while !stop.load(Ordering::Relaxed) {
-                raw.put("unproven-noise", "x", None).await.expect("put");
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-    };
+    let (stop, writer) = noise(d.cluster.endpoints(), "unproven-noise");
     let waiting = tokio::spawn(async move {
         waiter
             .acquire("unproven", &renewed, Duration::from_secs(10))
@@ -202,19 +208,7 @@ async fn a_second_watch_counts_no_delete_twice_and_goes_once_the_first_is_in_ste
         let before = watchers_until(port, |n| n <= base).await;
         let holder = first.try_acquire(&name, &renewed).await.expect("acquire");
         let waiter = client(&[link.addr().to_string()]).await;
-        let stop = Arc::new(AtomicBool::new(false));
-        let writer = {
-            let (stop, endpoints) = (stop.clone(), d.cluster.endpoints());
-            tokio::spawn(async move {
-                let mut raw = etcd_client::Client::connect(endpoints, None)
-                    .await
-                    .expect("connect");
-                while !stop.load(Ordering::Relaxed) {
-                    raw.put("counted-noise", "x", None).await.expect("put");
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            })
-        };
+        let (stop, writer) = noise(d.cluster.endpoints(), "counted-noise");
         let waiting = {
             let (waiter, name, renewed) = (waiter.clone(), name.clone(), renewed.clone());
             tokio::spawn(async move {
