@@ -1,67 +1,82 @@
 //! The wait for admission: what a waiter knows of the keys ahead of its own, and how it
-//! follows them (the name's shared watch near the head, the farthest key read further back).
+//! follows them (the name's shared watch near the head, the nearest keys on a watch of the
+//! wait's own further back).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use distlock_api::{Admission, LockError, Result};
-use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions};
+use etcd_client::{GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions, WatchStream};
 use tokio::time::Instant;
 
 use crate::client::EtcdBackend;
 use crate::client::{RETRY_PAUSE, transient};
 use crate::session::Session;
-use crate::watches::Note;
+use crate::watches::{Note, deletes};
 
-/// How many of the keys ahead an exclusive entry reads, nearest first. With more ahead it
-/// follows the farthest of them alone (one watch of one key: a release wakes one far waiter);
-/// within it, it applies the name's shared watch ([`crate::watches`]), which only clients
-/// near the head keep open. A waiter moving within reach reads again and makes its client's
-/// watch of the name, some 5 requests, and in a queue longer than the window one moves up at
-/// every hand-over; a waiter within it costs a watch message per delete. 64: a queue of up to
-/// 65 clients hands over with nothing made or read on the way (24 clients: 2.8 messages per
-/// hand-over at the member, 7.8 with 8; 64 clients: 4.6 against 9.5 in the bench).
-const WINDOW: usize = 64;
+/// How many of the keys ahead an exclusive entry reads, nearest first. With at most this many
+/// ahead it waits on the name's shared watch ([`crate::watches`]), which each client near the
+/// head keeps open, so its grant needs nothing made or read on the hand-over's path; but every
+/// delete of the name is then a message to every such client, and at 64 clients that fan-out
+/// was the member's CPU: 3.3 ms per hand-over against 1.5 ms at 8, where etcd's own lock, which
+/// wakes one waiter per delete, made twice our hand-overs. With more ahead it follows only the
+/// [`FOLLOWED`] nearest on a watch of its own, made as it queues (far from its turn, so in step
+/// by then), and a delete wakes the two waiters right behind its key.
+const NEAR: usize = 16;
+
+/// How many of the nearest keys ahead a waiter further back than [`NEAR`] follows: the one it
+/// is granted after, and the one before it, whose delete is the cue to read again while the
+/// nearest still holds (off the hand-over's path).
+const FOLLOWED: usize = 2;
 
 /// What a waiter knows of the keys ahead of its own, true as of revision `at`.
 pub(crate) struct Ahead {
     /// How our entry is admitted.
     admission: Admission,
     /// The nearest keys created before ours, nearest first, with their limits. An exclusive
-    /// entry reads at most [`WINDOW`] (it waits for them all, so a full list may be cut short:
-    /// more keys may be further ahead); any other reads them all (it counts them).
+    /// entry reads at most [`NEAR`] (it waits for them all, so a full list may be cut short:
+    /// more keys may be further ahead), and keeps the [`FOLLOWED`] nearest when it follows
+    /// keys; any other reads them all (it counts them).
     pub(crate) keys: Vec<(Vec<u8>, u32)>,
     /// `keys` holds every key ahead of ours.
     whole: bool,
+    /// The wait follows `keys` on a watch of its own rather than the name's shared watch.
+    keyed: bool,
     /// Our own key still exists (with our create revision).
     pub(crate) alive: bool,
     /// The revision this view is true at (only events after it change it); `None` once it may
-    /// be stale (a watch ended, or the key followed went): read again before deciding.
+    /// be stale (a watch ended, or a key of a list cut short went): read again before deciding.
     at: Option<i64>,
 }
 
 impl Ahead {
+    /// A view as read at `at`; an exclusive entry with more than [`NEAR`] keys ahead (the list
+    /// cut short) follows the nearest keys.
     pub(crate) fn new(
         admission: Admission,
         keys: Vec<(Vec<u8>, u32)>,
         whole: bool,
         at: i64,
     ) -> Self {
-        Ahead {
+        let ahead = Ahead {
             admission,
             keys,
             whole,
+            keyed: false,
             alive: true,
             at: Some(at),
-        }
+        };
+        if whole { ahead } else { ahead.keyed() }
     }
 
-    /// `None`: the list is whole, so every delete under the name is applied; else the one key
-    /// to follow, the farthest read.
-    fn follows(&self) -> Option<&[u8]> {
-        match self.keys.last() {
-            Some((k, _)) if !self.whole => Some(k),
-            _ => None,
+    /// This view, for a wait that follows the [`FOLLOWED`] nearest keys.
+    fn keyed(mut self) -> Self {
+        if self.keys.len() > FOLLOWED {
+            self.keys.truncate(FOLLOWED);
+            self.whole = false;
         }
+        self.keyed = true;
+        self
     }
 
     /// The policy admits our entry behind the keys ahead (none left out).
@@ -78,8 +93,10 @@ impl Ahead {
     }
 
     /// Applies the deletes that come after this view; a key not in the list was behind ours
-    /// (the list is whole) and changes nothing.
+    /// (the list is whole) or is not followed. A key of a list cut short going leaves the view
+    /// stale: what was beyond it is unknown.
     fn apply(&mut self, deletes: &[(Vec<u8>, i64)], ours: &[u8]) {
+        let mut stale = false;
         for (key, _) in deletes
             .iter()
             .filter(|(_, rev)| self.at.is_none_or(|at| *rev > at))
@@ -88,9 +105,21 @@ impl Ahead {
                 self.alive = false;
             } else if let Some(i) = self.keys.iter().position(|(k, _)| k == key) {
                 self.keys.remove(i);
+                stale |= !self.whole;
             }
         }
+        if stale {
+            self.at = None;
+        }
     }
+}
+
+/// Our entry in the queue: the name's prefix, our key and its create revision.
+#[derive(Clone, Copy)]
+struct Entry<'a> {
+    prefix: &'a str,
+    key: &'a str,
+    rev: i64,
 }
 
 impl EtcdBackend {
@@ -100,11 +129,11 @@ impl EtcdBackend {
     /// while it waited).
     ///
     /// Only events after the revision a view was read at change it, and a watch reports every
-    /// delete after it is in place, in order. Within [`WINDOW`] of the head the waiter applies
-    /// the name's delete events (the client's shared watch) to its view and is granted on the
-    /// event that empties it, with no read after it (committed history: the same facts a
-    /// linearizable read would return, and our own key's delete would have come first). Further
-    /// back it follows the farthest key it read alone, and reads again once it goes. A view
+    /// delete after it is in place, in order. Within [`NEAR`] of the head the waiter applies the
+    /// name's delete events (the client's shared watch) to its view; further back it follows
+    /// the nearest keys and its own on a watch of its own. Either way it is granted on the event
+    /// that empties a whole view, with no read after it (committed history: the same facts a
+    /// linearizable read would return, and our own key's delete would have come first). A view
     /// older than the watch it waits on is read again once the watch is in place.
     pub(crate) async fn wait_turn(
         &self,
@@ -135,7 +164,14 @@ impl EtcdBackend {
                 }
             }
             let waited = tokio::select! {
-                w = self.follow(prefix, key, my_rev, &mut ahead) => w,
+                w = async {
+                    let entry = Entry { prefix, key, rev: my_rev };
+                    if ahead.keyed {
+                        self.follow_keys(entry, &mut ahead).await
+                    } else {
+                        self.follow(entry, &mut ahead).await
+                    }
+                } => w,
                 _ = session_lost.wait() => {
                     return Err(self.err_text("the session lease died while waiting"));
                 }
@@ -148,60 +184,11 @@ impl EtcdBackend {
         }
     }
 
-    /// One watch's worth of [`EtcdBackend::wait_turn`]: returns `Ok(true)` when `ahead` is to be
-    /// decided on (done, or stale: read again), `Ok(false)` when the watch was refused or ended.
-    async fn follow(
-        &self,
-        prefix: &str,
-        key: &str,
-        my_rev: i64,
-        ahead: &mut Ahead,
-    ) -> Result<bool> {
-        // A stale view is read on the shared watch: the read decides how far back it is.
-        if let Some(far) = ahead.at.and(ahead.follows()).map(<[u8]>::to_vec) {
-            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-            let mut watch = self
-                .call(&self.inner.watch, |mut c| {
-                    let (k, o) = (far.clone(), options.clone());
-                    async move { c.watch(k, Some(o)).await }
-                })
-                .await?;
-            let mut proving = true;
-            loop {
-                match watch.message().await {
-                    Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => return Ok(false),
-                    // The first creation is proven by a read at its revision (see
-                    // [`crate::watches`]); the key's second watch, made when it is not, covers
-                    // the same key: nothing to read.
-                    Ok(Some(w)) if w.created() && std::mem::take(&mut proving) => {
-                        let from = w.header().map_or(i64::MAX, |h| h.revision());
-                        *ahead = self
-                            .read_ahead(prefix, key, my_rev, ahead.admission)
-                            .await?;
-                        if ahead.follows() != Some(far.as_slice()) || ahead.done() {
-                            return Ok(true);
-                        }
-                        // Best effort: the first watch alone is complete, only maybe late.
-                        if ahead.at != Some(from) {
-                            let _ = watch.watch(far.clone(), Some(options.clone())).await;
-                        }
-                    }
-                    // The followed key went: read what is left.
-                    Ok(Some(w))
-                        if w.events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete) =>
-                    {
-                        ahead.at = None;
-                        return Ok(true);
-                    }
-                    Ok(Some(_)) => {}
-                    Ok(None) => return Ok(false),
-                    Err(e) if transient(&e) => return Ok(false),
-                    Err(e) => return Err(self.err(e)),
-                }
-            }
-        }
+    /// One shared watch's worth of [`EtcdBackend::wait_turn`]: returns `Ok(true)` when `ahead` is
+    /// to be decided on (done, or to be followed by keys), `Ok(false)` when the watch was refused
+    /// or ended.
+    async fn follow(&self, entry: Entry<'_>, ahead: &mut Ahead) -> Result<bool> {
+        let Entry { prefix, key, rev } = entry;
         let mut watch = self.inner.watches.subscribe(self, prefix, ahead.admission);
         let Some(live) = watch.live().await else {
             return Ok(false);
@@ -209,11 +196,9 @@ impl EtcdBackend {
         loop {
             // What came before the watch is read now; what comes after arrives as events.
             if ahead.at.is_none_or(|at| at < live) {
-                *ahead = self
-                    .read_ahead(prefix, key, my_rev, ahead.admission)
-                    .await?;
+                *ahead = self.read_ahead(prefix, key, rev, ahead.admission).await?;
             }
-            if ahead.done() || ahead.follows().is_some() {
+            if ahead.done() || ahead.keyed {
                 return Ok(true);
             }
             match watch.next().await.as_deref() {
@@ -222,13 +207,108 @@ impl EtcdBackend {
             }
         }
     }
+
+    /// [`EtcdBackend::wait_turn`] for a waiter further back than [`NEAR`]: one watch stream of
+    /// its own follows our key and the [`FOLLOWED`] nearest ahead, each watch made from just
+    /// after the view it follows (so none misses a delete), and the view is read again when a
+    /// key of a list cut short goes. Returns `Ok(true)` when done, `Ok(false)` when the watch
+    /// was refused or ended.
+    ///
+    /// A watch that names a start revision behind the member's is served by its catch-up loop,
+    /// up to 100 ms late: when writes landed since the view, a second watch of the key is made
+    /// too, from now (in step unless a write lands while it is registered), and a delete seen
+    /// twice changes nothing the second time.
+    async fn follow_keys(&self, entry: Entry<'_>, ahead: &mut Ahead) -> Result<bool> {
+        let Entry { prefix, key, rev } = entry;
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let mut stream: Option<WatchStream> = None;
+        // Keys watched from a view; the created answers still due, in request order, with the
+        // view's revision (`None`: a second watch).
+        let mut watched: Vec<Vec<u8>> = Vec::new();
+        let mut due: VecDeque<(Vec<u8>, Option<i64>)> = VecDeque::new();
+        loop {
+            let at = match ahead.at {
+                Some(at) => at,
+                None => {
+                    *ahead = self
+                        .read_ahead(prefix, key, rev, ahead.admission)
+                        .await?
+                        .keyed();
+                    ahead.at.unwrap_or_default()
+                }
+            };
+            if ahead.done() {
+                return Ok(true);
+            }
+            let ours = std::iter::once(key.as_bytes());
+            let fresh: Vec<Vec<u8>> = ours
+                .chain(ahead.keys.iter().map(|(k, _)| k.as_slice()))
+                .filter(|k| !watched.iter().any(|w| w == k))
+                .map(<[u8]>::to_vec)
+                .collect();
+            for k in fresh {
+                let from = options.clone().with_start_revision(at + 1);
+                if !self.add_watch(&mut stream, &k, from).await? {
+                    return Ok(false);
+                }
+                due.push_back((k.clone(), Some(at)));
+                watched.push(k);
+            }
+            let Some(watch) = stream.as_mut() else {
+                return Ok(false);
+            };
+            while ahead.at.is_some() && !ahead.done() {
+                match watch.message().await {
+                    Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => return Ok(false),
+                    Ok(Some(w)) if w.created() => {
+                        let Some((k, Some(view))) = due.pop_front() else {
+                            continue;
+                        };
+                        let now = w.header().map_or(i64::MAX, |h| h.revision());
+                        // Best effort: the first watch alone is complete, only maybe late.
+                        if now > view && watch.watch(k.clone(), Some(options.clone())).await.is_ok()
+                        {
+                            due.push_back((k, None));
+                        }
+                    }
+                    Ok(Some(w)) => ahead.apply(&deletes(&w), key.as_bytes()),
+                    Ok(None) => return Ok(false),
+                    Err(e) if transient(&e) => return Ok(false),
+                    Err(e) => return Err(self.err(e)),
+                }
+            }
+        }
+    }
+
+    /// Adds a watch of `key` to `stream`, opening it if there is none yet; `Ok(false)`: the
+    /// stream is broken.
+    async fn add_watch(
+        &self,
+        stream: &mut Option<WatchStream>,
+        key: &[u8],
+        options: WatchOptions,
+    ) -> Result<bool> {
+        match stream {
+            Some(s) => Ok(s.watch(key.to_vec(), Some(options)).await.is_ok()),
+            None => {
+                let opened = self
+                    .call(&self.inner.watch, |mut c| {
+                        let (k, o) = (key.to_vec(), options.clone());
+                        async move { c.watch(k, Some(o)).await }
+                    })
+                    .await?;
+                *stream = Some(opened);
+                Ok(true)
+            }
+        }
+    }
 }
 
-/// How many keys ahead an entry reads: an exclusive one the nearest [`WINDOW`]; any other
+/// How many keys ahead an entry reads: an exclusive one the nearest [`NEAR`]; any other
 /// counts them, so it reads them all.
 pub(crate) fn window(admission: Admission) -> usize {
     match admission {
-        Admission::Exclusive => WINDOW,
+        Admission::Exclusive => NEAR,
         _ => usize::MAX,
     }
 }
@@ -241,7 +321,7 @@ pub(crate) fn keys_ahead(admission: Admission, my_rev: Option<i64>) -> GetOption
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend);
     if admission == Admission::Exclusive {
-        let newest = (WINDOW + usize::from(my_rev.is_none())) as i64;
+        let newest = (NEAR + usize::from(my_rev.is_none())) as i64;
         get = get.with_limit(newest).with_keys_only();
     }
     match my_rev {

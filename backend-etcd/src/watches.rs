@@ -42,8 +42,8 @@ const LINGER: Duration = Duration::from_secs(1);
 /// How many deletes (each counted once) a name's watch passes on with nobody waiting before it
 /// ends, on a name only exclusive entries waited on: a client whose waits come back within a
 /// few hand-overs (a small queue) keeps it; in a long queue a client is far back most of the
-/// time (following one key of its own), and its watch would only cost every delete a message. A
-/// name a permit or a reader waited on keeps its watch for [`LINGER`] whatever passes: such a
+/// time (following the nearest keys on a watch of its own), and its watch would only cost every
+/// delete a message. A name a permit or a reader waited on keeps its watch for [`LINGER`] whatever passes: such a
 /// client is admitted at once most times and waits now and then, always on this watch, and a
 /// watch made on its wait was the read-write mix's tail (16 clients: hand-over p99 36 ms, 1.1
 /// to 1.7 ms kept).
@@ -288,7 +288,7 @@ async fn run(
 }
 
 /// The deletes `w` reports, with their revisions.
-fn deletes(w: &WatchResponse) -> Vec<(Vec<u8>, i64)> {
+pub(crate) fn deletes(w: &WatchResponse) -> Vec<(Vec<u8>, i64)> {
     w.events()
         .iter()
         .filter(|e| e.event_type() == EventType::Delete)

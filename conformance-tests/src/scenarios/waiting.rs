@@ -161,12 +161,14 @@ pub async fn waiters_are_granted_in_arrival_order(d: &dyn Deployment) {
     );
 }
 
-/// Waiters that give up mid-queue (three of seven, by timeout, while the lock is held) do not
-/// hold up the ones behind them: after the release every other waiter is granted, in arrival
-/// order where FIFO is declared, long before any of them would time out.
+/// Waiters that give up mid-queue (six of 24, by timeout, while the lock is held) do not hold
+/// up the ones behind them: after the release every other waiter is granted, in arrival order
+/// where FIFO is declared, long before any of them would time out. Three give up near the head
+/// and three 20 back, the two right ahead of a waiter among them (a backend may follow only the
+/// nearest keys of a long queue: etcd's waiters further back than 16).
 pub async fn waiters_behind_ones_that_gave_up_are_granted(d: &dyn Deployment) {
-    const WAITERS: usize = 7;
-    const GIVE_UP: [usize; 3] = [1, 2, 4];
+    const WAITERS: usize = 24;
+    const GIVE_UP: [usize; 6] = [1, 2, 4, 19, 20, 22];
     let name = unique("gave-up");
     let key = LockName::new(name.as_str()).expect("valid");
     let fifo = d.client().await.capabilities().fifo;
@@ -178,7 +180,7 @@ pub async fn waiters_behind_ones_that_gave_up_are_granted(d: &dyn Deployment) {
         let c = client(d).await;
         let (n, o, order) = (name.clone(), opts(d), order.clone());
         let quits = GIVE_UP.contains(&i);
-        let wait = Duration::from_secs(if quits { 2 } else { 60 });
+        let wait = Duration::from_secs(if quits { 3 } else { 60 });
         let task = tokio::spawn(async move {
             let lease = c.acquire(&n, &o, wait).await?;
             order.lock().unwrap_or_else(|p| p.into_inner()).push(i);
