@@ -395,29 +395,25 @@ const CAUSES: [(&str, &[&str], &str); 6] = [
     (
         "etcd",
         &[", etcd x", "| etcd "],
-        "an exclusive waiter within the 64 keys ahead it reads waits on its client's watch \
-         of the name, with nothing made or read on its way up, so requests per hand-over \
-         stay flat up to 64 clients (2 to 3 at 8 and 64) and grow beyond (14 at 1 000: each \
-         hand-over brings a waiter within reach, which reads again and opens that watch). But \
-         each delete is then an event on every waiting client's watch (63 at 64 clients), sent \
-         through the member and read by each client, on 2 cores shared with them. Two costs \
-         of it are gone: the copy of each delete from a name's second watch (made when the \
-         first is not proven live, under steady writes nearly always) was counted, so with 8 \
-         clients a watch ended and was made again every few hand-overs (traced at 0.5 ms RTT: \
-         463 -> 617 hand-overs/s once each delete counted once); and that second watch stayed, \
-         doubling every event, until it was cancelled once the first is in step (two runs on \
-         one machine, 64 clients: 184 -> 213 hand-overs/s on loopback, 97 -> 122 at 0.5 ms \
-         RTT). What is left is the member's CPU, traced on loopback by its CPU time: it was \
-         busy about one core throughout, and its CPU time per hand-over was the hand-over's time, \
-         1.5 ms with 8 clients (two commits, the release and the releaser's enqueue; a lone \
-         put cost it 0.76 ms on that machine) and 3.3 ms with 64. The 1.8 ms more with 64 \
-         comes with the 55 more watches each delete goes to (not split further: about 30 us \
-         each if it is all theirs), where etcd's own lock wakes one client per delete. These \
-         rows come from a slower machine \
-         than the others (an etcd read round trip of 0.55 ms on loopback against 0.30 in the \
-         full run before). Design: a waiter follows only the key right ahead of it (as etcd's \
-         own lock does, a delete wakes one client), with that watch made at enqueue so it is \
-         in step, and reads on that key's delete only when it knew of more keys ahead",
+        "an exclusive waiter within 16 of the head waits on its client's watch of the name, \
+         with nothing made or read on its way up (2.2 requests per hand-over at 8 clients); but \
+         every delete is then an event on every such client's watch, and with 64 clients that \
+         fan-out was the member's CPU (traced on loopback by its CPU time: busy about one core, \
+         1.5 ms of it per hand-over with 8 clients, two commits, and 3.3 ms with 64). A waiter \
+         further back now follows its own key and the two nearest ahead on a watch stream of \
+         its own, made as it queues, so a delete wakes the two waiters behind its key (with 40 \
+         clients the member handles 17 messages per hand-over, received and sent, against 43 \
+         with every waiter on the shared watch). Against etcd's own lock in the same run, 64 \
+         clients: 0.53 -> 0.85 x on loopback, 0.39 -> 0.82 x at 0.5 ms RTT (0.18 -> 0.37 \
+         hand-overs per RTT); 1 000 clients: 13.6 -> 10.4 requests per hand-over (8.4 at 64), \
+         p99 17 -> 13 x max(p50, RTT). What is left is what each wait makes: its stream, three \
+         watches (three more from the present when writes landed since its view, as under load \
+         they do: a watch from a past revision may wait on the member's 100 ms catch-up loop), \
+         and a read when the key two ahead goes, 8 to 9 messages received per hand-over where \
+         etcd's lock sends two; a quick run without the three extra watches (6.6 per hand-over) \
+         was no faster beyond noise. Design: the waits of a client share one watch stream, and \
+         a waiter far enough back that the catch-up loop comes round before its turn makes no \
+         second watches",
     ),
     (
         "zk",
