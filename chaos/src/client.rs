@@ -89,7 +89,7 @@ pub async fn run(args: ClientArgs) {
         Guarantee::Efficiency
     };
     let handle = match args.workload {
-        Workload::Lock => Ok(Handle::Lock),
+        Workload::Lock | Workload::Crowd(_) => Ok(Handle::Lock),
         Workload::Semaphore(n) => locks.semaphore(NAME, n, grade).map(Handle::Semaphore),
         Workload::RwLock => locks.rwlock(NAME, grade).map(Handle::RwLock),
         Workload::Election => locks.election(NAME, grade).map(Handle::Election),

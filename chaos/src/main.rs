@@ -32,7 +32,7 @@ use std::time::Duration;
 use campaign::Run;
 use deployment::Deployment;
 use nemesis::Nemesis;
-use workload::Workload;
+use workload::{CROWD, Workload};
 
 fn usage(problem: &str) -> ! {
     eprintln!(
@@ -99,8 +99,9 @@ fn main() {
                     .parse()
                     .unwrap_or_else(|_| usage(&format!("--{k} takes a number")))
             };
-            let workload = Workload::parse(&need("workload"))
-                .unwrap_or_else(|| usage("--workload: lock, semaphore-N, rwlock or election"));
+            let workload = Workload::parse(&need("workload")).unwrap_or_else(|| {
+                usage("--workload: lock, crowd-N, semaphore-N, rwlock or election")
+            });
             let args = client::ClientArgs {
                 url: need("url"),
                 workload,
@@ -128,7 +129,9 @@ fn main() {
 /// (ZooKeeper, the classic follower split), PostgreSQL under a server kill and a failover to its
 /// synchronous standby; then each primitive
 /// on each backend family (Redis, etcd, ZooKeeper; PostgreSQL's read-write lock, whose queue
-/// admits readers in batches) under a fault that reaches its holders or its waiters.
+/// admits readers in batches) under a fault that reaches its holders or its waiters, and a
+/// crowd on etcd with clients killed (dead keys in a queue whose waiters follow keys of their
+/// own).
 fn short_plan() -> Vec<Run> {
     use Deployment::*;
     use Nemesis::*;
@@ -147,6 +150,7 @@ fn short_plan() -> Vec<Run> {
     ]
     .map(|(d, n)| (Workload::Lock, d, n));
     let primitives = [
+        (Workload::Crowd(CROWD), Etcd, KillClient),
         (Workload::Semaphore(2), Redis, KillClient),
         (Workload::Semaphore(2), Etcd, CutClient),
         (Workload::Semaphore(2), Zk, KillClient),
@@ -187,7 +191,7 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
             .map(|w| {
                 Workload::parse(w).unwrap_or_else(|| {
                     usage(&format!(
-                        "--workloads {list}: {w:?} is not lock, semaphore-N, rwlock or election"
+                        "--workloads {list}: {w:?} is not lock, crowd-N, semaphore-N, rwlock or election"
                     ))
                 })
             })
@@ -216,7 +220,7 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
         // little longer, as they were.
         (
             Box::new(|r: Run| {
-                let extra = if r.workload == Workload::Lock { 6 } else { 4 };
+                let extra = if r.workload.is_lock() { 6 } else { 4 };
                 r.deployment.ttl() * 2 + Duration::from_secs(extra)
             }),
             "each lock run 2 TTLs + 6 s, each other run 2 TTLs + 4 s".to_string(),

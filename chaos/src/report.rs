@@ -74,7 +74,7 @@ fn columns(workload: Workload) -> Vec<Column> {
         ("verdict", verdict),
     ];
     let middle: Vec<Column> = match workload {
-        Workload::Lock => vec![
+        Workload::Lock | Workload::Crowd(_) => vec![
             ("overlaps", |r| r.findings.overlaps.to_string()),
             ("fenced violations", |r| {
                 r.findings.fenced_violations.to_string()
@@ -123,6 +123,10 @@ fn columns(workload: Workload) -> Vec<Column> {
 fn title(workload: Workload) -> String {
     match workload {
         Workload::Lock => "Lock: 5 clients, the fenced register and the lock-set".into(),
+        Workload::Crowd(n) => format!(
+            "Crowd: a lock of {n} clients, the fenced register and the lock-set (a queue long \
+             enough that etcd's waiters follow keys of their own)"
+        ),
         Workload::Semaphore(n) => format!(
             "Semaphore of {n}: {} clients registering at the resource while they hold a permit",
             workload.clients()

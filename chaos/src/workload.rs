@@ -13,6 +13,9 @@ pub const NAME: &str = "chaos";
 pub enum Workload {
     /// Five clients take the lock, write the fenced register and add to the lock-set.
     Lock,
+    /// N clients do what the lock's do: a queue long enough that a backend may follow only the
+    /// nearest keys ahead (etcd's waiters further back than 16), under the same faults.
+    Crowd(u32),
     /// 2N + 1 clients take permits of a semaphore of N and register at the resource while they
     /// hold one.
     Semaphore(u32),
@@ -26,13 +29,18 @@ pub enum Workload {
 }
 
 /// Every workload, in the report's order.
-pub const WORKLOADS: [Workload; 5] = [
+pub const WORKLOADS: [Workload; 6] = [
     Workload::Lock,
+    Workload::Crowd(CROWD),
     Workload::Semaphore(2),
     Workload::Semaphore(3),
     Workload::RwLock,
     Workload::Election,
 ];
+
+/// Clients of a crowd run: more than etcd's 16 waiters on the name's shared watch, so most of
+/// them follow keys of their own.
+pub const CROWD: u32 = 20;
 
 /// Observer processes of an election run.
 pub const OBSERVERS: u32 = 2;
@@ -45,6 +53,7 @@ impl Workload {
     pub fn label(self) -> String {
         match self {
             Workload::Lock => "lock".into(),
+            Workload::Crowd(n) => format!("crowd-{n}"),
             Workload::Semaphore(n) => format!("semaphore-{n}"),
             Workload::RwLock => "rwlock".into(),
             Workload::Election => "election".into(),
@@ -57,18 +66,29 @@ impl Workload {
             "lock" => Some(Workload::Lock),
             "rwlock" => Some(Workload::RwLock),
             "election" => Some(Workload::Election),
-            _ => label
-                .strip_prefix("semaphore-")
-                .and_then(|n| n.parse().ok())
-                .filter(|n| *n > 0)
-                .map(Workload::Semaphore),
+            _ => {
+                let n = |prefix| {
+                    label
+                        .strip_prefix(prefix)
+                        .and_then(|n: &str| n.parse().ok())
+                        .filter(|n| *n > 0)
+                };
+                n("semaphore-")
+                    .map(Workload::Semaphore)
+                    .or_else(|| n("crowd-").map(Workload::Crowd))
+            }
         }
     }
 
     /// Whether `d` offers it: Redlock and the Redis plain layout have neither the policies
     /// semaphores and read-write locks need nor the tokens terms are made of.
     pub fn offered_on(self, d: Deployment) -> bool {
-        self == Workload::Lock || !matches!(d, Deployment::Redlock | Deployment::RedisPlain)
+        self.is_lock() || !matches!(d, Deployment::Redlock | Deployment::RedisPlain)
+    }
+
+    /// Its clients do the lock's work (a lock or a crowd).
+    pub fn is_lock(self) -> bool {
+        matches!(self, Workload::Lock | Workload::Crowd(_))
     }
 
     /// Its share of a full campaign's time on each deployment, relative to the others': about
@@ -78,6 +98,8 @@ impl Workload {
     pub fn weight(self) -> f64 {
         match self {
             Workload::Lock => 3.0,
+            // As long as the lock's: fewer operations each, with four times the clients.
+            Workload::Crowd(_) => 3.0,
             Workload::Semaphore(_) => 1.0,
             Workload::RwLock => 1.8,
             Workload::Election => 6.5,
@@ -88,6 +110,7 @@ impl Workload {
     pub fn clients(self) -> u32 {
         match self {
             Workload::Semaphore(n) => 2 * n + 1,
+            Workload::Crowd(n) => n,
             _ => 5,
         }
     }
@@ -95,7 +118,7 @@ impl Workload {
     /// The lock name the backend queues on: what is left on the server is counted under it.
     pub fn queue(self) -> String {
         let prefix = match self {
-            Workload::Lock => "",
+            Workload::Lock | Workload::Crowd(_) => "",
             Workload::Semaphore(_) => SEMAPHORE_LOCK_PREFIX,
             Workload::RwLock => RWLOCK_LOCK_PREFIX,
             Workload::Election => ELECTION_LOCK_PREFIX,
