@@ -334,3 +334,50 @@ pub(crate) fn keys_ahead(admission: Admission, my_rev: Option<i64>) -> GetOption
 pub(crate) fn limited(kv: &etcd_client::KeyValue) -> (Vec<u8>, u32) {
     (kv.key().to_vec(), distlock_api::entry_limit(kv.value()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Vec<(Vec<u8>, u32)> {
+        (0..n).map(|i| (vec![b'k', i as u8], 1)).collect()
+    }
+
+    #[test]
+    fn a_waiter_past_near_follows_the_two_nearest_and_reads_again_when_one_goes() {
+        let mut far = Ahead::new(Admission::Exclusive, keys(NEAR), false, 10);
+        assert!(far.keyed, "a list cut short is followed by keys");
+        assert_eq!(far.keys, keys(FOLLOWED), "only the nearest are followed");
+        // A delete behind the view, or of a key not followed, changes nothing.
+        far.apply(
+            &[(keys(3)[2].0.clone(), 11), (keys(1)[0].0.clone(), 9)],
+            b"ours",
+        );
+        assert_eq!((far.keys.len(), far.at), (FOLLOWED, Some(10)));
+        // The farther one going leaves what was beyond it unknown: read again, never granted.
+        far.apply(&[(keys(2)[1].0.clone(), 12)], b"ours");
+        assert_eq!(far.at, None);
+        assert!(!far.admitted());
+    }
+
+    #[test]
+    fn a_waiter_near_the_head_is_granted_on_the_delete_that_empties_its_list() {
+        let mut near = Ahead::new(Admission::Exclusive, keys(2), true, 10);
+        assert!(!near.keyed, "a whole list waits on the name's shared watch");
+        near.apply(&[(keys(2)[1].0.clone(), 11)], b"ours");
+        assert!(!near.done());
+        near.apply(&[(keys(1)[0].0.clone(), 12)], b"ours");
+        assert_eq!((near.at, near.done(), near.alive), (Some(10), true, true));
+        // Read again by a keyed wait, a whole list of two stays whole: granted with no read.
+        let mut keyed = Ahead::new(Admission::Exclusive, keys(2), true, 10).keyed();
+        keyed.apply(
+            &[(keys(2)[1].0.clone(), 11), (keys(1)[0].0.clone(), 12)],
+            b"ours",
+        );
+        assert!(keyed.done() && keyed.at.is_some());
+        // Our own key's delete ends the wait, granted nothing.
+        let mut gone = Ahead::new(Admission::Exclusive, keys(1), true, 10).keyed();
+        gone.apply(&[(b"ours".to_vec(), 11)], b"ours");
+        assert!(gone.done() && !gone.alive);
+    }
+}

@@ -43,10 +43,10 @@ const LINGER: Duration = Duration::from_secs(1);
 /// ends, on a name only exclusive entries waited on: a client whose waits come back within a
 /// few hand-overs (a small queue) keeps it; in a long queue a client is far back most of the
 /// time (following the nearest keys on a watch of its own), and its watch would only cost every
-/// delete a message. A name a permit or a reader waited on keeps its watch for [`LINGER`] whatever passes: such a
-/// client is admitted at once most times and waits now and then, always on this watch, and a
-/// watch made on its wait was the read-write mix's tail (16 clients: hand-over p99 36 ms, 1.1
-/// to 1.7 ms kept).
+/// delete a message. A name a permit or a reader waited on keeps its watch for [`LINGER`]
+/// whatever passes: such a client is admitted at once most times and waits now and then, always
+/// on this watch, and a watch made on its wait was the read-write mix's tail (16 clients:
+/// hand-over p99 36 ms, 1.1 to 1.7 ms kept).
 const IDLE_DELETES: usize = 4;
 
 /// How many messages a slow wait may fall behind before it is told to read again.
