@@ -403,17 +403,17 @@ const CAUSES: [(&str, &[&str], &str); 6] = [
          further back now follows its own key and the two nearest ahead on a watch stream of \
          its own, made as it queues, so a delete wakes the two waiters behind its key (with 40 \
          clients the member handles 17 messages per hand-over, received and sent, against 43 \
-         with every waiter on the shared watch). Against etcd's own lock in the same run, 64 \
-         clients: 0.53 -> 0.85 x on loopback, 0.39 -> 0.82 x at 0.5 ms RTT (0.18 -> 0.37 \
-         hand-overs per RTT); 1 000 clients: 13.6 -> 10.4 requests per hand-over (8.4 at 64), \
-         p99 17 -> 13 x max(p50, RTT). What is left is what each wait makes: its stream, three \
-         watches (three more from the present when writes landed since its view, as under load \
-         they do: a watch from a past revision may wait on the member's 100 ms catch-up loop), \
-         and a read when the key two ahead goes, 8 to 9 messages received per hand-over where \
-         etcd's lock sends two; a quick run without the three extra watches (6.6 per hand-over) \
-         was no faster beyond noise. Design: the waits of a client share one watch stream, and \
-         a waiter far enough back that the catch-up loop comes round before its turn makes no \
-         second watches",
+         with every waiter on the shared watch). Against etcd's own lock, 64 clients: 0.53 -> \
+         0.81 x on loopback, 0.39 -> 0.77 x at 0.5 ms RTT (0.18 -> 0.34 hand-overs per RTT; \
+         before and after from two runs, each against the peer in the same run); 1 000 clients: \
+         13.6 -> 10.4 requests per hand-over (8.3 at 64), p99 17 -> 12 x max(p50, RTT). What is \
+         left is what each wait makes: its stream, three watches (three more from the present \
+         when writes landed since its view, as under load they do: a watch from a past revision \
+         may wait on the member's 100 ms catch-up loop), and a read when the key two ahead \
+         goes, 8 to 9 messages received per hand-over where etcd's lock sends two; a quick run \
+         without the three extra watches (6.6 per hand-over) was no faster beyond noise. \
+         Design: the waits of a client share one watch stream, and a waiter far enough back \
+         that the catch-up loop comes round before its turn makes no second watches",
     ),
     (
         "zk",
