@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use distlock_api::{LockClient, LockError, LockName};
 use rand::Rng;
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, timeout};
 
 use super::{Counting, client, eventually, opts, unique};
 use crate::deployment::Deployment;
@@ -90,4 +90,62 @@ pub async fn acquires_dropped_while_leaving_the_queue_leave_nothing(d: &dyn Depl
         .await
         .expect("free at the end");
     assert!(last.release().await.expect("release"));
+}
+
+/// Waits deep in a long queue (20 entries ahead: a backend may follow only the nearest entries
+/// there, as etcd's waiters further back than 16 do), timed out or dropped at random points,
+/// leave nothing queued, are never granted while the lock is held, and hold up nobody: the
+/// queue ahead is granted once the holder lets go.
+pub async fn deep_waits_timed_out_or_dropped_leave_nothing(d: &dyn Deployment) {
+    const AHEAD: usize = 20;
+    let name = unique("deep-cancel");
+    let key = LockName::new(name.as_str()).expect("valid");
+    let holder = client(d).await;
+    let held = holder.try_acquire(&name, &opts(d)).await.expect("acquire");
+    let mut ahead = Vec::new();
+    for _ in 1..AHEAD {
+        let (c, n, o) = (client(d).await, name.clone(), opts(d));
+        ahead.push(tokio::spawn(async move {
+            let lease = c.acquire(&n, &o, Duration::from_secs(60)).await?;
+            lease.release().await
+        }));
+    }
+    sleep(Duration::from_millis(500)).await;
+    let before = d.artifacts(&key).await;
+    let waiter = client(d).await;
+    for i in 0..8u64 {
+        // Even rounds are dropped by the caller; odd ones may time out first.
+        let wait = if i % 2 == 0 {
+            Duration::from_secs(30)
+        } else {
+            Duration::from_millis(40 * i)
+        };
+        let (w, n, o) = (waiter.clone(), name.clone(), opts(d));
+        let task = tokio::spawn(async move { w.acquire(&n, &o, wait).await });
+        let at = rand::rng().random_range(0..300u64);
+        sleep(Duration::from_millis(at)).await;
+        task.abort();
+        let outcome = task.await;
+        assert!(
+            !matches!(outcome, Ok(Ok(_))),
+            "round {i}: a deep wait was granted while the lock was held"
+        );
+        let clean = eventually(d.ttl() / 2, || async { d.artifacts(&key).await == before }).await;
+        assert!(
+            clean,
+            "round {i}: {} entries after the deep wait ended, {before} before it",
+            d.artifacts(&key).await
+        );
+    }
+    assert!(held.release().await.expect("release"));
+    for t in ahead {
+        let released = timeout(Duration::from_secs(30), t)
+            .await
+            .expect("the queue ahead was not granted")
+            .expect("waiter task")
+            .expect("a waiter ahead");
+        assert!(released, "a waiter ahead released nothing");
+    }
+    let clean = eventually(d.ttl() / 2, || async { d.artifacts(&key).await == 0 }).await;
+    assert!(clean, "entries were left after every wait ended");
 }

@@ -8,6 +8,7 @@ use distlock_api::{
     Admission, Fence, LockError, LockName, RWLOCK_LOCK_PREFIX, RwLock, SEMAPHORE_LOCK_PREFIX,
     Semaphore,
 };
+use rand::Rng;
 use tokio::time::{Instant, sleep, timeout};
 
 use super::{client, eventually, opts, unique};
@@ -297,6 +298,59 @@ pub async fn cancelled_reader_and_writer_waits_leave_nothing(d: &dyn Deployment)
     assert!(read.release().await.expect("release"));
     assert!(other.release().await.expect("release"));
     let write = w.try_write().await.expect("a writer once the readers left");
+    assert!(write.release().await.expect("release"));
+    entries(d, &key, 0).await;
+}
+
+/// A writer's wait behind 20 readers (a backend may follow only the nearest entries ahead of a
+/// long queue, as etcd's writers further back than 16 do), timed out or dropped at random
+/// points, leaves nothing queued and is never granted beside a reader; a writer waiting while
+/// the readers leave out of their order is granted only once the last one left.
+pub async fn a_writer_behind_many_readers_timed_out_or_dropped_leaves_nothing(d: &dyn Deployment) {
+    const READERS: usize = 20;
+    let name = unique("rwlock-deep");
+    let key = queue(RWLOCK_LOCK_PREFIX, &name);
+    let mut reads = Vec::new();
+    for _ in 0..READERS {
+        let r = rwlock(d, &name).await;
+        reads.push(r.try_read().await.expect("a reader beside the readers"));
+    }
+    for i in 0..6u64 {
+        // Even rounds are dropped by the caller; odd ones may time out first.
+        let wait = if i % 2 == 0 {
+            Duration::from_secs(30)
+        } else {
+            Duration::from_millis(50 * i)
+        };
+        let w = rwlock(d, &name).await;
+        let task = tokio::spawn(async move { w.write(wait).await });
+        let at = rand::rng().random_range(0..300u64);
+        sleep(Duration::from_millis(at)).await;
+        task.abort();
+        assert!(
+            !matches!(task.await, Ok(Ok(_))),
+            "round {i}: a writer was granted beside the readers"
+        );
+        entries_within(d, &key, READERS, d.ttl() / 2).await;
+    }
+    let w = rwlock(d, &name).await;
+    let writing = tokio::spawn(async move { w.write(Duration::from_secs(60)).await });
+    entries(d, &key, READERS + 1).await;
+    // The readers nearest the writer leave first, then the ones at the head.
+    reads.rotate_left(READERS / 2);
+    while let Some(read) = reads.pop() {
+        assert!(
+            !writing.is_finished(),
+            "the writer was granted with {} readers holding",
+            reads.len() + 1
+        );
+        assert!(read.release().await.expect("release"));
+    }
+    let write = timeout(Duration::from_secs(10), writing)
+        .await
+        .expect("the writer was not granted once the readers left")
+        .expect("task")
+        .expect("write");
     assert!(write.release().await.expect("release"));
     entries(d, &key, 0).await;
 }
