@@ -359,9 +359,9 @@ fn etcd_error(endpoints: &str, e: etcd_client::Error) -> LockError {
 }
 
 impl WatchSource for EtcdBackend {
-    async fn watch(&self, prefix: String, options: WatchOptions) -> Result<WatchStream> {
+    async fn watch(&self, key: Vec<u8>, options: WatchOptions) -> Result<WatchStream> {
         self.call(&self.inner.watch, |mut c| {
-            let (k, o) = (prefix.clone(), options.clone());
+            let (k, o) = (key.clone(), options.clone());
             async move { c.watch(k, Some(o)).await }
         })
         .await

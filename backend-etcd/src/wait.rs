@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::client::EtcdBackend;
 use crate::client::{RETRY_PAUSE, transient};
 use crate::session::Session;
-use crate::watches::{Note, deletes};
+use crate::watches::{Note, WatchSource, deletes};
 
 /// How many of the keys ahead an exclusive entry reads, nearest first. With at most this many
 /// ahead it waits on the name's shared watch ([`crate::watches`]), which each client near the
@@ -291,13 +291,7 @@ impl EtcdBackend {
         match stream {
             Some(s) => Ok(s.watch(key.to_vec(), Some(options)).await.is_ok()),
             None => {
-                let opened = self
-                    .call(&self.inner.watch, |mut c| {
-                        let (k, o) = (key.to_vec(), options.clone());
-                        async move { c.watch(k, Some(o)).await }
-                    })
-                    .await?;
-                *stream = Some(opened);
+                *stream = Some(WatchSource::watch(self, key.to_vec(), options).await?);
                 Ok(true)
             }
         }

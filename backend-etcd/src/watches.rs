@@ -20,10 +20,10 @@ use tokio::sync::broadcast;
 /// What a name's watch asks of the client (the backend, with its retries): kept to these two
 /// requests, so this file needs nothing of the client's.
 pub(crate) trait WatchSource: Clone + Send + Sync + 'static {
-    /// Opens a watch of `prefix` with `options`.
+    /// Opens a watch of `key` with `options` (which say whether it is a prefix).
     fn watch(
         &self,
-        prefix: String,
+        key: Vec<u8>,
         options: WatchOptions,
     ) -> impl Future<Output = Result<WatchStream>> + Send;
     /// Reads `prefix` with `options`.
@@ -183,7 +183,9 @@ async fn run(
     let options = WatchOptions::new()
         .with_prefix()
         .with_filters([WatchFilterType::NoPut]);
-    let opened = backend.watch(prefix.clone(), options.clone()).await;
+    let opened = backend
+        .watch(prefix.clone().into_bytes(), options.clone())
+        .await;
     let mut backend = Some(backend);
     let mut ticks = tokio::time::interval(LINGER);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
