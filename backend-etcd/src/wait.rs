@@ -29,6 +29,14 @@ const NEAR: usize = 16;
 /// nearest still holds (off the hand-over's path).
 const FOLLOWED: usize = 2;
 
+/// How long after its watches were made a waiter that was further back than [`NEAR`] still
+/// makes second watches for those that were behind the member: etcd's catch-up loop comes round
+/// every 100 ms (more under load), so by then they are in step. A first watch behind the member
+/// costs the member a read of its buffered writes on creation, as every watch does, and a
+/// second one another: such a waiter makes them only on the read its turn's approach brings
+/// (the key two ahead gone), and only if that comes sooner than this.
+const CATCH_UP: Duration = Duration::from_millis(150);
+
 /// What a waiter knows of the keys ahead of its own, true as of revision `at`.
 pub(crate) struct Ahead {
     /// How our entry is admitted.
@@ -42,6 +50,9 @@ pub(crate) struct Ahead {
     whole: bool,
     /// The wait follows `keys` on a watch of its own rather than the name's shared watch.
     keyed: bool,
+    /// More than [`NEAR`] keys were ahead when this view was read: the turn is at least that
+    /// many hand-overs away.
+    far: bool,
     /// Our own key still exists (with our create revision).
     pub(crate) alive: bool,
     /// The revision this view is true at (only events after it change it); `None` once it may
@@ -63,6 +74,7 @@ impl Ahead {
             keys,
             whole,
             keyed: false,
+            far: !whole,
             alive: true,
             at: Some(at),
         };
@@ -112,6 +124,15 @@ impl Ahead {
             self.at = None;
         }
     }
+}
+
+/// A watch of [`EtcdBackend::follow_keys`] whose created answer is still due.
+enum Due {
+    /// A first watch, from just after the view read at `view`; `far`: more than [`NEAR`] keys
+    /// were ahead in it.
+    First { view: i64, far: bool },
+    /// A second watch, from the present.
+    Second,
 }
 
 /// Our entry in the queue: the name's prefix, our key and its create revision.
@@ -217,28 +238,44 @@ impl EtcdBackend {
     /// A watch that names a start revision behind the member's is served by its catch-up loop,
     /// up to 100 ms late: when writes landed since the view, a second watch of the key is made
     /// too, from now (in step unless a write lands while it is registered), and a delete seen
-    /// twice changes nothing the second time.
+    /// twice changes nothing the second time. For a view read more than [`NEAR`] from the head,
+    /// the second watches wait for the next read, and are not made after [`CATCH_UP`].
     async fn follow_keys(&self, entry: Entry<'_>, ahead: &mut Ahead) -> Result<bool> {
         let Entry { prefix, key, rev } = entry;
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let mut stream: Option<WatchStream> = None;
-        // Keys watched from a view; the created answers still due, in request order, with the
-        // view's revision (`None`: a second watch).
+        // Keys watched from a view; the created answers still due, in request order.
         let mut watched: Vec<Vec<u8>> = Vec::new();
-        let mut due: VecDeque<(Vec<u8>, Option<i64>)> = VecDeque::new();
+        let mut due: VecDeque<(Vec<u8>, Due)> = VecDeque::new();
+        // Keys whose first watch, made from a far view, was behind the member, with when.
+        let mut deferred: Vec<(Vec<u8>, Instant)> = Vec::new();
         loop {
-            let at = match ahead.at {
-                Some(at) => at,
+            let (at, read) = match ahead.at {
+                Some(at) => (at, false),
                 None => {
                     *ahead = self
                         .read_ahead(prefix, key, rev, ahead.admission)
                         .await?
                         .keyed();
-                    ahead.at.unwrap_or_default()
+                    (ahead.at.unwrap_or_default(), true)
                 }
             };
             if ahead.done() {
                 return Ok(true);
+            }
+            if read {
+                for (k, made) in std::mem::take(&mut deferred) {
+                    let followed = k == key.as_bytes() || ahead.keys.iter().any(|(f, _)| *f == k);
+                    let Some(s) = stream.as_mut().filter(|_| followed) else {
+                        continue;
+                    };
+                    // Best effort, as on a watch's creation below.
+                    if made.elapsed() < CATCH_UP
+                        && s.watch(k.clone(), Some(options.clone())).await.is_ok()
+                    {
+                        due.push_back((k, Due::Second));
+                    }
+                }
             }
             let ours = std::iter::once(key.as_bytes());
             let fresh: Vec<Vec<u8>> = ours
@@ -251,7 +288,13 @@ impl EtcdBackend {
                 if !self.add_watch(&mut stream, &k, from).await? {
                     return Ok(false);
                 }
-                due.push_back((k.clone(), Some(at)));
+                due.push_back((
+                    k.clone(),
+                    Due::First {
+                        view: at,
+                        far: ahead.far,
+                    },
+                ));
                 watched.push(k);
             }
             let Some(watch) = stream.as_mut() else {
@@ -261,14 +304,20 @@ impl EtcdBackend {
                 match watch.message().await {
                     Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => return Ok(false),
                     Ok(Some(w)) if w.created() => {
-                        let Some((k, Some(view))) = due.pop_front() else {
+                        let Some((k, Due::First { view, far })) = due.pop_front() else {
                             continue;
                         };
                         let now = w.header().map_or(i64::MAX, |h| h.revision());
+                        if now <= view {
+                            continue;
+                        }
+                        if far {
+                            deferred.push((k, Instant::now()));
+                            continue;
+                        }
                         // Best effort: the first watch alone is complete, only maybe late.
-                        if now > view && watch.watch(k.clone(), Some(options.clone())).await.is_ok()
-                        {
-                            due.push_back((k, None));
+                        if watch.watch(k.clone(), Some(options.clone())).await.is_ok() {
+                            due.push_back((k, Due::Second));
                         }
                     }
                     Ok(Some(w)) => ahead.apply(&deletes(&w), key.as_bytes()),
