@@ -406,14 +406,24 @@ const CAUSES: [(&str, &[&str], &str); 6] = [
          with every waiter on the shared watch). Against etcd's own lock, 64 clients: 0.53 -> \
          0.81 x on loopback, 0.39 -> 0.77 x at 0.5 ms RTT (0.18 -> 0.34 hand-overs per RTT; \
          before and after from two runs, each against the peer in the same run); 1 000 clients: \
-         13.6 -> 10.4 requests per hand-over (8.3 at 64), p99 17 -> 12 x max(p50, RTT). What is \
-         left is what each wait makes: its stream, three watches (three more from the present \
-         when writes landed since its view, as under load they do: a watch from a past revision \
-         may wait on the member's 100 ms catch-up loop), and a read when the key two ahead \
-         goes, 8 to 9 messages received per hand-over where etcd's lock sends two; a quick run \
-         without the three extra watches (6.6 per hand-over) was no faster beyond noise. \
-         Design: the waits of a client share one watch stream, and a waiter far enough back \
-         that the catch-up loop comes round before its turn makes no second watches",
+         13.6 -> 10.4 requests per hand-over (8.3 at 64), p99 17 -> 12 x max(p50, RTT). The \
+         member's CPU profile at 64 clients then showed every watch request costing a copy of \
+         its buffered writes (etcd 3.4 takes one for each watch created or cancelled, and each \
+         read outside a write: a tenth of its CPU), and a far waiter made six, three from its \
+         view and three from the present when writes landed in between (a watch from a past \
+         revision may wait on the member's 100 ms catch-up loop): it now makes the second three \
+         only on the read its turn's approach brings, and none once 150 ms passed, so 64 \
+         clients ask 8.3 -> 6.9 requests per hand-over, 1 000 clients 10.4 -> 7.9, and against \
+         etcd's own lock 64 clients make 0.81 -> 0.89 x on loopback (0.93 x in quick runs), \
+         0.77 -> 0.78 x at 0.5 ms RTT (before and after from two runs, each against the peer in \
+         the same run). What is left is what each far wait still asks (its stream, three \
+         watches and a read, each answered with such a copy) where etcd's lock makes its watch \
+         and reads inside the member. At 0.5 ms RTT both cores are busy (a quick run, per \
+         hand-over: the member 2.5 ms of CPU, the bench's process, its latency link carrying \
+         every message each way, 2.1 ms; 2.1 and 1.1 ms with etcd's lock), so there every \
+         message and answer of a wait counts, not only the requests. Design: a far waiter \
+         follows the keys from two ahead to its own with one ranged watch, which needs keys \
+         named in queue order",
     ),
     (
         "zk",
