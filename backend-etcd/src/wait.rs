@@ -99,6 +99,11 @@ impl Ahead {
                 .admitted(self.keys.iter().map(|(_, limit)| *limit))
     }
 
+    /// The keys a wait that follows keys watches: `ours`, then those in the view.
+    fn followed<'a>(&'a self, ours: &'a [u8]) -> impl Iterator<Item = &'a [u8]> {
+        std::iter::once(ours).chain(self.keys.iter().map(|(k, _)| k.as_slice()))
+    }
+
     /// Nothing left to wait for: our key is gone, or it is admitted.
     fn done(&self) -> bool {
         !self.alive || self.admitted()
@@ -250,36 +255,35 @@ impl EtcdBackend {
         // Keys whose first watch, made from a far view, was behind the member, with when.
         let mut deferred: Vec<(Vec<u8>, Instant)> = Vec::new();
         loop {
-            let (at, read) = match ahead.at {
-                Some(at) => (at, false),
+            // A view left stale (a delete of a list cut short, a watch that ended) is read again.
+            let at = match ahead.at {
+                Some(at) => at,
                 None => {
                     *ahead = self
                         .read_ahead(prefix, key, rev, ahead.admission)
                         .await?
                         .keyed();
-                    (ahead.at.unwrap_or_default(), true)
+                    ahead.at.unwrap_or_default()
                 }
             };
             if ahead.done() {
                 return Ok(true);
             }
-            if read {
-                for (k, made) in std::mem::take(&mut deferred) {
-                    let followed = k == key.as_bytes() || ahead.keys.iter().any(|(f, _)| *f == k);
-                    let Some(s) = stream.as_mut().filter(|_| followed) else {
-                        continue;
-                    };
-                    // Best effort, as on a watch's creation below.
-                    if made.elapsed() < CATCH_UP
-                        && s.watch(k.clone(), Some(options.clone())).await.is_ok()
-                    {
-                        due.push_back((k, Due::Second));
-                    }
+            // On that read, the deferred second watches of the keys still followed, while the
+            // catch-up loop may not have come round (best effort, as on a creation below).
+            let young = std::mem::take(&mut deferred)
+                .into_iter()
+                .filter(|(k, made)| {
+                    made.elapsed() < CATCH_UP && ahead.followed(key.as_bytes()).any(|f| f == k)
+                });
+            for (k, _) in young {
+                let Some(s) = stream.as_mut() else { break };
+                if s.watch(k.clone(), Some(options.clone())).await.is_ok() {
+                    due.push_back((k, Due::Second));
                 }
             }
-            let ours = std::iter::once(key.as_bytes());
-            let fresh: Vec<Vec<u8>> = ours
-                .chain(ahead.keys.iter().map(|(k, _)| k.as_slice()))
+            let fresh: Vec<Vec<u8>> = ahead
+                .followed(key.as_bytes())
                 .filter(|k| !watched.iter().any(|w| w == k))
                 .map(<[u8]>::to_vec)
                 .collect();
