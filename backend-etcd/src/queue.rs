@@ -17,7 +17,7 @@ use crate::client::RETRY_PAUSE;
 use crate::keys::attempt_key;
 use crate::session::Session;
 use crate::try_acquire::Tried;
-use crate::wait::{Ahead, keys_ahead, limited, window};
+use crate::wait::{Ahead, is_ours, keys_ahead, limited, window};
 
 /// How many times cleanup of our own key is tried before the session TTL is left to do it.
 const CLEANUP_TRIES: u32 = 3;
@@ -120,10 +120,7 @@ impl EtcdBackend {
         let keys: Vec<_> = preds.kvs().iter().map(limited).collect();
         // `more`: the limit cut the keys ahead short (etcd's count is of the whole name).
         let mut ahead = Ahead::new(admission, keys, !preds.more(), at);
-        ahead.alive = ours
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.create_revision() == my_rev);
+        ahead.alive = is_ours(ours.kvs(), my_rev);
         Ok(ahead)
     }
 

@@ -37,6 +37,12 @@ const FOLLOWED: usize = 2;
 /// (the key two ahead gone), and only if that comes sooner than this.
 const CATCH_UP: Duration = Duration::from_millis(150);
 
+/// How long a delete told through a key's own watch waits for the [`Cover`] that holds the key
+/// to tell it too: an in-step watch's events of one revision are sent together, so the cover's
+/// comes at once unless it is behind the member (then up to 100 ms late: the turn reads our
+/// key instead).
+const TOLD_TOGETHER: Duration = Duration::from_millis(2);
+
 /// What a waiter knows of the keys ahead of its own, true as of revision `at`.
 pub(crate) struct Ahead {
     /// How our entry is admitted.
@@ -55,6 +61,11 @@ pub(crate) struct Ahead {
     far: bool,
     /// Our own key still exists (with our create revision).
     pub(crate) alive: bool,
+    /// The newest revision at which a key left the view through a watch that may not have
+    /// reported our own key's deletes up to it (a watch of another key, or one that started
+    /// after this view): that our key lived until then is unknown until read, so a turn
+    /// decided on it reads our key first.
+    unsure: Option<i64>,
     /// The revision this view is true at (only events after it change it); `None` once it may
     /// be stale (a watch ended, or a key of a list cut short went): read again before deciding.
     at: Option<i64>,
@@ -76,6 +87,7 @@ impl Ahead {
             keyed: false,
             far: !whole,
             alive: true,
+            unsure: None,
             at: Some(at),
         };
         if whole { ahead } else { ahead.keyed() }
@@ -111,10 +123,19 @@ impl Ahead {
 
     /// Applies the deletes that come after this view; a key not in the list was behind ours
     /// (the list is whole) or is not followed. A key of a list cut short going leaves the view
-    /// stale: what was beyond it is unknown.
-    fn apply(&mut self, deletes: &[(Vec<u8>, i64)], ours: &[u8]) {
+    /// stale: what was beyond it is unknown. `covers`: the watch they came through reports
+    /// every delete of our own key after this view, in revision order with these (the name's
+    /// watch, or the [`Cover`], started no later than the view); else a key they remove leaves
+    /// the view [`Ahead::unsure`].
+    fn apply(&mut self, deletes: &[(Vec<u8>, i64)], ours: &[u8], covers: bool) {
         let mut stale = false;
-        for (key, _) in deletes
+        // A watch that tells our key's deletes in order with these passed our key alive up to
+        // the newest of them.
+        let newest = deletes.iter().map(|(_, rev)| *rev).max();
+        if covers && self.unsure.is_some_and(|gone| newest >= Some(gone)) {
+            self.unsure = None;
+        }
+        for (key, rev) in deletes
             .iter()
             .filter(|(_, rev)| self.at.is_none_or(|at| *rev > at))
         {
@@ -123,6 +144,9 @@ impl Ahead {
             } else if let Some(i) = self.keys.iter().position(|(k, _)| k == key) {
                 self.keys.remove(i);
                 stale |= !self.whole;
+                if !covers {
+                    self.unsure = self.unsure.max(Some(*rev));
+                }
             }
         }
         if stale {
@@ -138,6 +162,48 @@ enum Due {
     First { view: i64, far: bool },
     /// A second watch, from the present.
     Second,
+    /// The watch of the range from our key to the nearest key ahead ([`Cover`]).
+    Cover,
+}
+
+/// The watch of the range from our key to the nearest key ahead: one watch, so it tells our
+/// key's delete before any delete after it, and a turn decided on its events needs no read of
+/// our key (a key between is behind ours, so its delete changes nothing, or in the view). Made
+/// from the present when the key two ahead goes (the turn's approach, off the hand-over's path)
+/// just before the read that follows, so it is in step, and in place by that read's revision
+/// (its created answer says; if not, the view is read again).
+struct Cover {
+    /// The range: its first key, and the key just past its last.
+    lo: Vec<u8>,
+    end: Vec<u8>,
+    /// Its id and the revision it started after, once its created answer came.
+    made: Option<(i64, i64)>,
+}
+
+impl Cover {
+    fn new(ours: &[u8], nearest: &[u8]) -> Self {
+        let (lo, hi) = (ours.min(nearest), ours.max(nearest));
+        Cover {
+            lo: lo.to_vec(),
+            end: [hi, &[0]].concat(),
+            made: None,
+        }
+    }
+
+    /// `key` is in the range.
+    fn holds(&self, key: &[u8]) -> bool {
+        self.lo.as_slice() <= key && key < self.end.as_slice()
+    }
+
+    /// Its events tell every delete in the range after a view read at `at`: it started no later.
+    fn proven(&self, at: Option<i64>) -> bool {
+        matches!((self.made, at), (Some((_, since)), Some(at)) if since <= at)
+    }
+
+    /// `w` came through it, and it is proven for the view read at `at`.
+    fn told(&self, w: &etcd_client::WatchResponse, at: Option<i64>) -> bool {
+        self.made.is_some_and(|(id, _)| id == w.watch_id()) && self.proven(at)
+    }
 }
 
 /// Our entry in the queue: the name's prefix, our key and its create revision.
@@ -178,6 +244,12 @@ impl EtcdBackend {
         let mut refused = false;
         loop {
             if ahead.at.is_some() && ahead.done() {
+                if let Some(gone) = ahead.unsure.filter(|_| ahead.alive) {
+                    tokio::select! {
+                        alive = self.still_queued(key, my_rev, gone) => ahead.alive = alive?,
+                        _ = tokio::time::sleep_until(deadline) => return Err(timeout()),
+                    }
+                }
                 return Ok(ahead.alive && !session.is_lost());
             }
             // A watch refused or broken by the member (no leader, connection reset) is made
@@ -228,7 +300,10 @@ impl EtcdBackend {
                 return Ok(true);
             }
             match watch.next().await.as_deref() {
-                Some(Note::Deletes(d)) => ahead.apply(d, key.as_bytes()),
+                Some(Note::Deletes { since, deletes }) => {
+                    let covers = ahead.at.is_some_and(|at| *since <= at);
+                    ahead.apply(deletes, key.as_bytes(), covers);
+                }
                 _ => return Ok(false),
             }
         }
@@ -237,8 +312,9 @@ impl EtcdBackend {
     /// [`EtcdBackend::wait_turn`] for a waiter further back than [`NEAR`]: one watch stream of
     /// its own follows our key and the [`FOLLOWED`] nearest ahead, each watch made from just
     /// after the view it follows (so none misses a delete), and the view is read again when a
-    /// key of a list cut short goes. Returns `Ok(true)` when done, `Ok(false)` when the watch
-    /// was refused or ended.
+    /// key of a list cut short goes; when that leaves one key ahead, the [`Cover`] of our key
+    /// and it is made just before the read. Returns `Ok(true)` when done, `Ok(false)` when the
+    /// watch was refused or ended.
     ///
     /// A watch that names a start revision behind the member's is served by its catch-up loop,
     /// up to 100 ms late: when writes landed since the view, a second watch of the key is made
@@ -254,11 +330,23 @@ impl EtcdBackend {
         let mut due: VecDeque<(Vec<u8>, Due)> = VecDeque::new();
         // Keys whose first watch, made from a far view, was behind the member, with when.
         let mut deferred: Vec<(Vec<u8>, Instant)> = Vec::new();
+        let mut cover: Option<Cover> = None;
         loop {
             // A view left stale (a delete of a list cut short, a watch that ended) is read again.
             let at = match ahead.at {
                 Some(at) => at,
                 None => {
+                    if let ([(nearest, _)], None, Some(s)) =
+                        (ahead.keys.as_slice(), &cover, stream.as_mut())
+                    {
+                        let c = Cover::new(key.as_bytes(), nearest);
+                        let range = options.clone().with_range(c.end.clone());
+                        // Best effort: without it, the turn reads our key.
+                        if s.watch(c.lo.clone(), Some(range)).await.is_ok() {
+                            due.push_back((c.lo.clone(), Due::Cover));
+                            cover = Some(c);
+                        }
+                    }
                     *ahead = self
                         .read_ahead(prefix, key, rev, ahead.admission)
                         .await?
@@ -270,11 +358,14 @@ impl EtcdBackend {
                 return Ok(true);
             }
             // On that read, the deferred second watches of the keys still followed, while the
-            // catch-up loop may not have come round (best effort, as on a creation below).
+            // catch-up loop may not have come round (best effort, as on a creation below); the
+            // cover, in step, tells those it holds.
             let young = std::mem::take(&mut deferred)
                 .into_iter()
                 .filter(|(k, made)| {
-                    made.elapsed() < CATCH_UP && ahead.followed(key.as_bytes()).any(|f| f == k)
+                    made.elapsed() < CATCH_UP
+                        && !cover.as_ref().is_some_and(|c| c.holds(k))
+                        && ahead.followed(key.as_bytes()).any(|f| f == k)
                 });
             for (k, _) in young {
                 let Some(s) = stream.as_mut() else { break };
@@ -304,14 +395,40 @@ impl EtcdBackend {
             let Some(watch) = stream.as_mut() else {
                 return Ok(false);
             };
+            // Deletes the cover holds, told first through their own watches: applied only if
+            // the cover has not told them by the deadline (it is then behind the member).
+            let mut pending: Vec<(Vec<u8>, i64)> = Vec::new();
+            let mut pending_until: Option<Instant> = None;
             while ahead.at.is_some() && !ahead.done() {
-                match watch.message().await {
+                let message = match pending_until {
+                    None => watch.message().await,
+                    Some(until) => tokio::select! {
+                        m = watch.message() => m,
+                        _ = tokio::time::sleep_until(until) => {
+                            ahead.apply(&std::mem::take(&mut pending), key.as_bytes(), false);
+                            pending_until = None;
+                            continue;
+                        }
+                    },
+                };
+                match message {
                     Ok(Some(w)) if w.canceled() || w.compact_revision() > 0 => return Ok(false),
                     Ok(Some(w)) if w.created() => {
-                        let Some((k, Due::First { view, far })) = due.pop_front() else {
-                            continue;
-                        };
                         let now = w.header().map_or(i64::MAX, |h| h.revision());
+                        let (k, view, far) = match due.pop_front() {
+                            Some((k, Due::First { view, far })) => (k, view, far),
+                            Some((_, Due::Cover)) => {
+                                if let Some(c) = cover.as_mut() {
+                                    c.made = Some((w.watch_id(), now));
+                                }
+                                // A view read before it was in place is read again.
+                                if ahead.at.is_some_and(|at| now > at) {
+                                    ahead.at = None;
+                                }
+                                continue;
+                            }
+                            _ => continue,
+                        };
                         if now <= view {
                             continue;
                         }
@@ -324,13 +441,53 @@ impl EtcdBackend {
                             due.push_back((k, Due::Second));
                         }
                     }
-                    Ok(Some(w)) => ahead.apply(&deletes(&w), key.as_bytes()),
+                    Ok(Some(w)) => {
+                        let mut deletes = deletes(&w);
+                        let covers = cover.as_ref().is_some_and(|c| c.told(&w, ahead.at));
+                        if let Some(c) = cover.as_ref().filter(|c| !covers && c.proven(ahead.at)) {
+                            let (held, rest) = deletes.into_iter().partition(|(k, _)| c.holds(k));
+                            deletes = rest;
+                            pending.extend::<Vec<_>>(held);
+                            if !pending.is_empty() && pending_until.is_none() {
+                                pending_until = Some(Instant::now() + TOLD_TOGETHER);
+                            }
+                        }
+                        ahead.apply(&deletes, key.as_bytes(), covers);
+                        if covers {
+                            // What the cover told needs no deadline.
+                            pending.retain(|(k, rev)| {
+                                !deletes.iter().any(|(d, r)| d == k && r == rev)
+                            });
+                            if pending.is_empty() {
+                                pending_until = None;
+                            }
+                        }
+                    }
                     Ok(None) => return Ok(false),
                     Err(e) if transient(&e) => return Ok(false),
                     Err(e) => return Err(self.err(e)),
                 }
             }
         }
+    }
+
+    /// Whether our key (created at `my_rev`) lived until at least revision `gone`: read before
+    /// a turn decided on a delete (at `gone`) that came through a watch that may not have told
+    /// our key's delete first. etcd keeps one watch's events in order, not one watch's against
+    /// another's when one is behind the member, so a late delete of our key would come after
+    /// the grant. The member's own state answers (a serializable read: no round of consensus
+    /// on the hand-over's path) when it has applied `gone`, as the one that sent it has; a
+    /// member further behind is asked again through consensus.
+    async fn still_queued(&self, key: &str, my_rev: i64, gone: i64) -> Result<bool> {
+        let read = GetOptions::new().with_keys_only();
+        let local =
+            WatchSource::get(self, key.to_string(), read.clone().with_serializable()).await?;
+        let ours = if local.header().is_some_and(|h| h.revision() >= gone) {
+            local
+        } else {
+            WatchSource::get(self, key.to_string(), read).await?
+        };
+        Ok(is_ours(ours.kvs(), my_rev))
     }
 
     /// Adds a watch of `key` to `stream`, opening it if there is none yet; `Ok(false)`: the
@@ -377,6 +534,11 @@ pub(crate) fn keys_ahead(admission: Admission, my_rev: Option<i64>) -> GetOption
     }
 }
 
+/// Our key as read (`kvs`) is the one created at `my_rev`: not deleted and put again since.
+pub(crate) fn is_ours(kvs: &[etcd_client::KeyValue], my_rev: i64) -> bool {
+    kvs.first().is_some_and(|kv| kv.create_revision() == my_rev)
+}
+
 /// A key and the limit its value records (1 when read keys only: an exclusive entry needs none).
 pub(crate) fn limited(kv: &etcd_client::KeyValue) -> (Vec<u8>, u32) {
     (kv.key().to_vec(), distlock_api::entry_limit(kv.value()))
@@ -399,10 +561,11 @@ mod tests {
         far.apply(
             &[(keys(3)[2].0.clone(), 11), (keys(1)[0].0.clone(), 9)],
             b"ours",
+            false,
         );
         assert_eq!((far.keys.len(), far.at), (FOLLOWED, Some(10)));
         // The farther one going leaves what was beyond it unknown: read again, never granted.
-        far.apply(&[(keys(2)[1].0.clone(), 12)], b"ours");
+        far.apply(&[(keys(2)[1].0.clone(), 12)], b"ours", false);
         assert_eq!(far.at, None);
         assert!(!far.admitted());
     }
@@ -411,20 +574,45 @@ mod tests {
     fn a_waiter_near_the_head_is_granted_on_the_delete_that_empties_its_list() {
         let mut near = Ahead::new(Admission::Exclusive, keys(2), true, 10);
         assert!(!near.keyed, "a whole list waits on the name's shared watch");
-        near.apply(&[(keys(2)[1].0.clone(), 11)], b"ours");
+        near.apply(&[(keys(2)[1].0.clone(), 11)], b"ours", true);
         assert!(!near.done());
-        near.apply(&[(keys(1)[0].0.clone(), 12)], b"ours");
+        near.apply(&[(keys(1)[0].0.clone(), 12)], b"ours", true);
         assert_eq!((near.at, near.done(), near.alive), (Some(10), true, true));
-        // Read again by a keyed wait, a whole list of two stays whole: granted with no read.
+        assert_eq!(
+            near.unsure, None,
+            "the name's watch told our key's delete first"
+        );
+        // Our own key's delete ends the wait, granted nothing.
+        let mut gone = Ahead::new(Admission::Exclusive, keys(1), true, 10).keyed();
+        gone.apply(&[(b"ours".to_vec(), 11)], b"ours", false);
+        assert!(gone.done() && !gone.alive);
+    }
+
+    /// Our key deleted after the view (an operator, its lease revoked) reaches us late when the
+    /// watch that follows it is behind the member, while the delete ahead came through another
+    /// watch in step: the wait that is done through such a watch is unsure of our key.
+    #[test]
+    fn a_turn_decided_through_a_watch_that_may_not_have_told_our_keys_delete_is_unsure() {
+        // Read again by a keyed wait, a whole list of two stays whole; its deletes come through
+        // watches of their own keys.
         let mut keyed = Ahead::new(Admission::Exclusive, keys(2), true, 10).keyed();
         keyed.apply(
             &[(keys(2)[1].0.clone(), 11), (keys(1)[0].0.clone(), 12)],
             b"ours",
+            false,
         );
-        assert!(keyed.done() && keyed.at.is_some());
-        // Our own key's delete ends the wait, granted nothing.
-        let mut gone = Ahead::new(Admission::Exclusive, keys(1), true, 10).keyed();
-        gone.apply(&[(b"ours".to_vec(), 11)], b"ours");
-        assert!(gone.done() && !gone.alive);
+        assert!(keyed.done() && keyed.alive && keyed.at.is_some());
+        assert_eq!(
+            keyed.unsure,
+            Some(12),
+            "granted once our key is read as of then"
+        );
+        // Near the head, through the name's second watch (it started after the view).
+        let mut near = Ahead::new(Admission::Exclusive, keys(1), true, 10);
+        near.apply(&[(keys(1)[0].0.clone(), 12)], b"ours", false);
+        assert!(near.done() && near.unsure == Some(12));
+        // A read of the view again knows our key as of then.
+        let again = Ahead::new(Admission::Exclusive, Vec::new(), true, 13);
+        assert!(again.done() && again.unsure.is_none());
     }
 }

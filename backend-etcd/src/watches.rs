@@ -59,7 +59,14 @@ pub(crate) enum Note {
     Live(i64),
     /// Deleted keys with their revisions, in revision order per watch (with a second watch, a
     /// delete may come twice, and late ones after newer ones).
-    Deletes(Vec<(Vec<u8>, i64)>),
+    Deletes {
+        /// The watch they came through reported every delete of the name after this revision,
+        /// in order: a delete after it and before these was passed on before them. A wait whose
+        /// view is older cannot tell from these that its own key outlived the view.
+        since: i64,
+        /// The deletes.
+        deletes: Vec<(Vec<u8>, i64)>,
+    },
     /// The watch ended (refused, compacted, cut): what came after it is unknown.
     Ended,
 }
@@ -103,7 +110,7 @@ impl Subscription {
                 State::Ended => return None,
                 State::Starting => match self.notes.recv().await.ok().as_deref() {
                     Some(Note::Live(at)) => self.state = State::Live(*at),
-                    Some(Note::Deletes(_)) => {}
+                    Some(Note::Deletes { .. }) => {}
                     Some(Note::Ended) | None => self.state = State::Ended,
                 },
             }
@@ -116,7 +123,7 @@ impl Subscription {
         loop {
             let note = self.notes.recv().await.ok()?;
             match &*note {
-                Note::Deletes(_) => return Some(note),
+                Note::Deletes { .. } => return Some(note),
                 Note::Live(_) => {}
                 Note::Ended => return None,
             }
@@ -196,8 +203,10 @@ async fn run(
     // one, which only keeps the watch a little longer.
     let (mut idle, mut idle_deletes, mut newest) = (false, 0, 0);
     // The first watch's id; the second's with the revision it starts after, while it stays; the
-    // second's id once cancelled (its answer says so, and ends nothing).
+    // second's id once cancelled (its answer says so, and ends nothing). The revision each
+    // watch starts after, by id, for its deletes' `since`.
     let (mut first, mut second, mut dropped) = (None, None, None);
+    let mut starts: Vec<(i64, i64)> = Vec::with_capacity(2);
     if let Ok(mut watch) = opened {
         loop {
             tokio::select! {
@@ -211,10 +220,12 @@ async fn run(
                         let Some(backend) = backend.take() else {
                             let from = w.header().map_or(i64::MAX, |h| h.revision());
                             second = Some((w.watch_id(), from));
+                            starts.push((w.watch_id(), from));
                             continue;
                         };
                         first = Some(w.watch_id());
                         let at = w.header().map_or(i64::MAX, |h| h.revision());
+                        starts.push((w.watch_id(), at));
                         *hub.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Live(at);
                         let _ = hub.notes.send(Arc::new(Note::Live(at)));
                         let proof = GetOptions::new().with_count_only();
@@ -265,7 +276,11 @@ async fn run(
                                 *state = State::Live(at.max(h.revision()));
                             }
                         }
-                        let _ = hub.notes.send(Arc::new(Note::Deletes(deletes)));
+                        let since = starts
+                            .iter()
+                            .find(|(id, _)| *id == w.watch_id())
+                            .map_or(i64::MAX, |(_, from)| *from);
+                        let _ = hub.notes.send(Arc::new(Note::Deletes { since, deletes }));
                     }
                     Ok(None) | Err(_) => break,
                 },

@@ -140,3 +140,96 @@ async fn taken(locks: &LockClient, name: &str, opts: &AcquireOptions) -> distloc
     }
     panic!("acquire {name}: five retryable failures")
 }
+
+/// An operator clears a stuck lock with one delete of its name's keys (`etcdctl del --prefix`)
+/// while waiters queue: a waiter whose own key went in that delete is never granted on the
+/// delete of the key ahead of it. A waiter further back than 16 followed each key on a watch of
+/// its own, and etcd sends two watches' events of one revision in either order: seen to grant
+/// the waiter with its key gone, so another client could hold the lock with it. Now one watch
+/// of the range from its key to the nearest ahead tells both, in order (else it reads its key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_an_operator_deleted_with_the_one_ahead_is_not_granted() {
+    let d = deploy("etcd", 1, false).await;
+    let name = "cleared";
+    let prefix =
+        distlock_etcd::keys::name_prefix(&options().prefix, &LockName::new(name).expect("valid"));
+    let mut admin = etcd_client::Client::connect(d.cluster.endpoints(), None)
+        .await
+        .expect("connect");
+    let mut clients = Vec::new();
+    for _ in 0..19 {
+        let backend = EtcdBackend::connect(&d.cluster.endpoints(), options())
+            .await
+            .expect("connect");
+        clients.push(LockClient::new(Arc::new(backend)));
+    }
+    let opts = AcquireOptions::with_ttl(Duration::from_secs(30));
+    let wait = Duration::from_secs(20);
+    // Each round has even odds to show the old order (eight rounds: all but certain).
+    for round in 0..8 {
+        let holder = clients[0].try_acquire(name, &opts).await.expect("acquire");
+        // 15 waiters that release at once, then one that holds: the nearest ahead of the last.
+        let mut passing = Vec::new();
+        for c in &clients[1..16] {
+            let c = c.clone();
+            let opts = opts.clone();
+            passing.push(tokio::spawn(async move {
+                let lease = c.acquire(name, &opts, wait).await.expect("acquire");
+                assert!(lease.release().await.expect("release"));
+            }));
+            queued_until(&mut admin, &prefix, passing.len() + 1).await;
+        }
+        let (c, o) = (clients[16].clone(), opts.clone());
+        let nearest = tokio::spawn(async move { c.acquire(name, &o, wait).await });
+        queued_until(&mut admin, &prefix, 17).await;
+        // 17 ahead: it follows its own key and the two nearest.
+        let (c, o) = (clients[17].clone(), opts.clone());
+        let last = tokio::spawn(async move { c.acquire(name, &o, wait).await });
+        queued_until(&mut admin, &prefix, 18).await;
+        assert!(holder.release().await.expect("release"));
+        for t in passing {
+            t.await.expect("a passing waiter");
+        }
+        let nearest = nearest.await.expect("join").expect("the nearest's grant");
+        // The last has read its view again (the key two ahead went): one key ahead of it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let gone = admin
+            .delete(
+                prefix.clone(),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .expect("delete the name's keys");
+        assert_eq!(
+            gone.deleted(),
+            2,
+            "round {round}: the nearest's key and the last's"
+        );
+        match last.await.expect("join") {
+            Err(e) => assert!(
+                e.to_string().contains("died while waiting"),
+                "round {round}: {e}"
+            ),
+            Ok(lease) => panic!(
+                "round {round}: granted with its key {} deleted",
+                lease.backend_key()
+            ),
+        }
+        let _ = nearest.release().await;
+    }
+}
+
+/// Waits until `prefix` holds `n` keys.
+async fn queued_until(admin: &mut etcd_client::Client, prefix: &str, n: usize) {
+    let count = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    for _ in 0..500 {
+        let r = admin.get(prefix, Some(count.clone())).await.expect("count");
+        if r.count() as usize >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{prefix} never held {n} keys");
+}

@@ -425,7 +425,9 @@ async fn watch_requests(port: u16) -> f64 {
 /// watch requests were a tenth of its CPU). The second watches now wait for the read the turn's
 /// approach brings, and are not made once etcd's catch-up loop has surely come round. The last
 /// of 17 waiters, on a slow link (100 ms each way) while writes land every 2 ms, queues 17 from
-/// the head and is granted a second later: three watch requests (before: six, seen failing so).
+/// the head and is granted a second later: three watch requests as it queues and one as its turn
+/// nears (the watch of the range from its key to the nearest ahead; before: six, seen failing
+/// so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_far_waiter_whose_turn_comes_after_the_catch_up_makes_no_second_watches() {
     let d = deploy("etcd", 1, false).await;
@@ -481,8 +483,9 @@ async fn a_far_waiter_whose_turn_comes_after_the_catch_up_makes_no_second_watche
     let made = watch_requests(port).await - before;
     assert!(lease.release().await.expect("release"));
     assert!(
-        made <= 3.0,
+        made <= 4.0,
         "a waiter 17 from the head made {made} watch requests: its own key and the two nearest \
-         need three, and its turn came long after etcd's catch-up loop put them in step"
+         need three, the range from its key to the nearest one more, and its turn came long \
+         after etcd's catch-up loop put them in step"
     );
 }
