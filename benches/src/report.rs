@@ -416,9 +416,14 @@ const CAUSES: [(&str, &[&str], &str); 6] = [
          clients ask 8.3 -> 6.9 requests per hand-over, 1 000 clients 10.4 -> 7.9, and against \
          etcd's own lock 64 clients make 0.81 -> 0.89 x on loopback (0.93 x in quick runs), \
          0.77 -> 0.78 x at 0.5 ms RTT (before and after from two runs, each against the peer in \
-         the same run). What is left is what each far wait still asks (its stream, three \
-         watches and a read, each answered with such a copy) where etcd's lock makes its watch \
-         and reads inside the member. At 0.5 ms RTT both cores are busy (a quick run, per \
+         the same run). A far waiter whose own key went in one delete with the key ahead (an \
+         operator's `del --prefix`) was granted, as etcd sends one revision's events to two \
+         watches in either order: it now watches the range from its key to the nearest ahead \
+         as its turn nears, one watch more (64 clients 6.9 -> 7.2 requests per hand-over, \
+         1 000 clients 7.9 -> 9.1; one run each). What is left is what each far wait still asks \
+         (its stream, four watches and a read, each answered with such a copy) where etcd's \
+         lock makes its watch and reads inside the member. At 0.5 ms RTT both cores are busy \
+         (a quick run, per \
          hand-over: the member 2.5 ms of CPU, the bench's process, its latency link carrying \
          every message each way, 2.1 ms; 2.1 and 1.1 ms with etcd's lock), so there every \
          message and answer of a wait counts, not only the requests. Design: a far waiter \
