@@ -27,6 +27,14 @@ async fn client(endpoints: &[String]) -> LockClient {
     LockClient::new(Arc::new(backend))
 }
 
+/// A client whose every message to and from the member on `port` takes `delay` more, each
+/// way (through the returned link, kept while the client is used).
+async fn slow_client(port: u16, delay: Duration) -> (LatencyLink, LockClient) {
+    let link = LatencyLink::start(([127, 0, 0, 1], port).into(), delay).expect("link");
+    let locks = client(&[link.addr().to_string()]).await;
+    (link, locks)
+}
+
 /// Range reads (inside txns too, a compare's read of its key included) and txns the member has
 /// served so far.
 async fn counts(port: u16) -> (f64, f64) {
@@ -143,12 +151,7 @@ async fn a_waiter_whose_watch_is_not_proven_live_keeps_a_second_one() {
         .try_acquire("unproven", &renewed)
         .await
         .expect("acquire");
-    let link = LatencyLink::start(
-        ([127, 0, 0, 1], d.cluster.client_ports[0]).into(),
-        Duration::from_millis(100),
-    )
-    .expect("link");
-    let waiter = client(&[link.addr().to_string()]).await;
+    let (_link, waiter) = slow_client(d.cluster.client_ports[0], Duration::from_millis(100)).await;
     let before = watchers(port).await;
 
     let (stop, writer) = noise(d.cluster.endpoints(), "unproven-noise");
@@ -459,12 +462,7 @@ async fn a_far_waiter_whose_turn_comes_after_the_catch_up_makes_no_second_watche
         );
     }
 
-    let link = LatencyLink::start(
-        ([127, 0, 0, 1], d.cluster.client_ports[0]).into(),
-        Duration::from_millis(100),
-    )
-    .expect("link");
-    let far = client(&[link.addr().to_string()]).await;
+    let (_link, far) = slow_client(d.cluster.client_ports[0], Duration::from_millis(100)).await;
     let before = watch_requests(port).await;
     let (stop, writer) = noise(d.cluster.endpoints(), "far-turn-noise");
     let waiting =
