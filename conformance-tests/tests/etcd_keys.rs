@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{AcquireOptions, LockBackend, LockClient, LockName};
+use distlock::{AcquireOptions, Lease, LockBackend, LockClient, LockError, LockName};
 use distlock_api::{GrantKey, OwnerSecret};
 use distlock_conformance::deployments::etcd::{deploy, options};
 use distlock_etcd::{EtcdBackend, EtcdOptions};
+use tokio::task::JoinHandle;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_reused_only_once_free() {
@@ -150,52 +151,14 @@ async fn taken(locks: &LockClient, name: &str, opts: &AcquireOptions) -> distloc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_key_an_operator_deleted_with_the_one_ahead_is_not_granted() {
     let d = deploy("etcd", 1, false).await;
-    let name = "cleared";
-    let prefix =
-        distlock_etcd::keys::name_prefix(&options().prefix, &LockName::new(name).expect("valid"));
-    let mut admin = etcd_client::Client::connect(d.cluster.endpoints(), None)
-        .await
-        .expect("connect");
-    let mut clients = Vec::new();
-    for _ in 0..19 {
-        let backend = EtcdBackend::connect(&d.cluster.endpoints(), options())
-            .await
-            .expect("connect");
-        clients.push(LockClient::new(Arc::new(backend)));
-    }
-    let opts = AcquireOptions::with_ttl(Duration::from_secs(30));
-    let wait = Duration::from_secs(20);
+    let mut q = Queue::new(&d, "cleared").await;
     // Each round has even odds to show the old order (eight rounds: all but certain).
     for round in 0..8 {
-        let holder = clients[0].try_acquire(name, &opts).await.expect("acquire");
-        // 15 waiters that release at once, then one that holds: the nearest ahead of the last.
-        let mut passing = Vec::new();
-        for c in &clients[1..16] {
-            let c = c.clone();
-            let opts = opts.clone();
-            passing.push(tokio::spawn(async move {
-                let lease = c.acquire(name, &opts, wait).await.expect("acquire");
-                assert!(lease.release().await.expect("release"));
-            }));
-            queued_until(&mut admin, &prefix, passing.len() + 1).await;
-        }
-        let (c, o) = (clients[16].clone(), opts.clone());
-        let nearest = tokio::spawn(async move { c.acquire(name, &o, wait).await });
-        queued_until(&mut admin, &prefix, 17).await;
-        // 17 ahead: it follows its own key and the two nearest.
-        let (c, o) = (clients[17].clone(), opts.clone());
-        let last = tokio::spawn(async move { c.acquire(name, &o, wait).await });
-        queued_until(&mut admin, &prefix, 18).await;
-        assert!(holder.release().await.expect("release"));
-        for t in passing {
-            t.await.expect("a passing waiter");
-        }
-        let nearest = nearest.await.expect("join").expect("the nearest's grant");
-        // The last has read its view again (the key two ahead went): one key ahead of it.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let gone = admin
+        let (nearest, last) = q.last_at_its_turn(Duration::from_secs(20)).await;
+        let gone = q
+            .admin
             .delete(
-                prefix.clone(),
+                q.prefix.clone(),
                 Some(etcd_client::DeleteOptions::new().with_prefix()),
             )
             .await
@@ -219,17 +182,128 @@ async fn a_waiter_whose_key_an_operator_deleted_with_the_one_ahead_is_not_grante
     }
 }
 
-/// Waits until `prefix` holds `n` keys.
-async fn queued_until(admin: &mut etcd_client::Client, prefix: &str, n: usize) {
-    let count = etcd_client::GetOptions::new()
-        .with_prefix()
-        .with_count_only();
-    for _ in 0..500 {
-        let r = admin.get(prefix, Some(count.clone())).await.expect("count");
-        if r.count() as usize >= n {
-            return;
+/// A waiter further back than 16 whose turn is next (the watch of the range from its key to the
+/// nearest ahead made) times out, or is dropped: it leaves nothing queued, and the lock comes
+/// free once the nearest lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_waiter_timed_out_or_dropped_as_its_turn_nears_leaves_nothing() {
+    let d = deploy("etcd", 1, false).await;
+    let q = Queue::new(&d, "near-turn-ends").await;
+    for dropped in [false, true] {
+        // Long enough for the queue ahead to pass (a slow machine times it out sooner).
+        let (nearest, last) = q.last_at_its_turn(Duration::from_secs(2)).await;
+        if dropped {
+            last.abort();
+            assert!(last.await.is_err_and(|e| e.is_cancelled()), "dropped");
+        } else {
+            let outcome = last.await.expect("join");
+            assert!(
+                matches!(outcome, Err(LockError::Timeout { .. })),
+                "the last waiter got {outcome:?} while the nearest held"
+            );
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        q.count_until(1).await;
+        assert!(nearest.release().await.expect("release"));
+        let free = q.clients[0].try_acquire(&q.name, &q.opts).await;
+        assert!(free.expect("free").release().await.expect("release"));
     }
-    panic!("{prefix} never held {n} keys");
+}
+
+/// 18 clients queueing on one name of a member, and a client of its own to count and delete
+/// the name's keys.
+struct Queue {
+    clients: Vec<LockClient>,
+    admin: etcd_client::Client,
+    name: String,
+    prefix: String,
+    opts: AcquireOptions,
+}
+
+impl Queue {
+    async fn new(d: &distlock_conformance::deployments::etcd::EtcdDeployment, name: &str) -> Self {
+        let prefix = distlock_etcd::keys::name_prefix(
+            &options().prefix,
+            &LockName::new(name).expect("valid"),
+        );
+        let admin = etcd_client::Client::connect(d.cluster.endpoints(), None)
+            .await
+            .expect("connect");
+        let mut clients = Vec::new();
+        for _ in 0..18 {
+            let backend = EtcdBackend::connect(&d.cluster.endpoints(), options())
+                .await
+                .expect("connect");
+            clients.push(LockClient::new(Arc::new(backend)));
+        }
+        let opts = AcquireOptions::with_ttl(Duration::from_secs(30));
+        let name = name.to_string();
+        Queue {
+            clients,
+            admin,
+            name,
+            prefix,
+            opts,
+        }
+    }
+
+    /// A holder, 15 waiters released in turn, one that holds (the nearest ahead of the
+    /// last), and the last, 17 from the head, waiting up to `last_wait`: returns the nearest's
+    /// lease once it holds and the last has read its view again (one key ahead of it).
+    async fn last_at_its_turn(
+        &self,
+        last_wait: Duration,
+    ) -> (Lease, JoinHandle<distlock::Result<Lease>>) {
+        let wait = Duration::from_secs(20);
+        let holder = self.clients[0]
+            .try_acquire(&self.name, &self.opts)
+            .await
+            .expect("acquire");
+        let mut passing = Vec::new();
+        for i in 1..16 {
+            passing.push(self.queue(i, wait).await);
+        }
+        let nearest = self.queue(16, wait).await;
+        // 17 ahead: it follows its own key and the two nearest.
+        let last = self.queue(17, last_wait).await;
+        assert!(holder.release().await.expect("release"));
+        for t in passing {
+            let lease = t.await.expect("join").expect("a passing waiter's grant");
+            assert!(lease.release().await.expect("release"));
+        }
+        let nearest = nearest.await.expect("join").expect("the nearest's grant");
+        // The last reads its view again as the key two ahead goes.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (nearest, last)
+    }
+
+    /// Client `i` queues, waiting up to `wait`; returns once its key is the name's `i + 1`th.
+    async fn queue(&self, i: usize, wait: Duration) -> JoinHandle<distlock::Result<Lease>> {
+        let (c, n, o) = (
+            self.clients[i].clone(),
+            self.name.clone(),
+            self.opts.clone(),
+        );
+        let waiting = tokio::spawn(async move { c.acquire(&n, &o, wait).await });
+        self.count_until(i + 1).await;
+        waiting
+    }
+
+    /// Waits until the name holds `n` keys.
+    async fn count_until(&self, n: usize) {
+        let mut admin = self.admin.clone();
+        let count = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        for _ in 0..500 {
+            let r = admin
+                .get(self.prefix.as_str(), Some(count.clone()))
+                .await
+                .expect("count");
+            if r.count() as usize == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{} never held {n} keys", self.prefix);
+    }
 }
