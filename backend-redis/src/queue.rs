@@ -14,6 +14,10 @@ use crate::scripts::{self, Call};
 /// A waiter that stops re-checking (it crashed) is dropped from the queue after this.
 pub(crate) const WAITER_TTL: Duration = Duration::from_secs(3);
 
+/// What [`Attempt::Busy`] carries, from [`scripts::ACQUIRE`], when the name's queue decides
+/// who is next (a live waiter other than the caller heads it).
+pub(crate) const PROMISED: i64 = -3;
+
 /// Whose attempt: the owner secret that proves it and who holds it (written with the grant).
 pub(crate) type Who<'a> = (&'a OwnerSecret, &'a HolderInfo);
 
@@ -23,12 +27,14 @@ pub(crate) enum Ask {
     /// The [`scripts::ACQUIRE`] script: a fencing token from the name's counter, FIFO queue
     /// (`waiting`: join it when the lock is taken).
     Fenced { waiting: bool },
-    /// The same script on the name's Redlock arbiter: no counter (token 0), the caller joins or
-    /// keeps its place in the queue (liveness `waiter_ttl`), and a waiter granted stays at its
-    /// head until its release leaves it (see [`scripts::ACQUIRE`]).
-    Arbiter { waiter_ttl: Duration },
-    /// A plain `SET NX PX` with token 0: a Redlock node's first ask, which hands out no token and
-    /// does not queue; no script runs, so a node grants at the cost of the raw minimum.
+    /// The same script on the name's Redlock arbiter: no counter (token 0); `waiting`, the
+    /// caller joins or keeps its place in the queue (liveness `waiter_ttl`), and a waiter granted
+    /// stays at its head until its release leaves it; not waiting (a first round), it joins
+    /// nothing and is refused while a live waiter heads the queue (see [`scripts::ACQUIRE`]).
+    Arbiter { waiter_ttl: Duration, waiting: bool },
+    /// A plain `SET NX PX` with token 0: the ask of a Redlock node that is not the name's
+    /// arbiter, which hands out no token and keeps no queue; no script runs, so the node grants
+    /// at the cost of the raw minimum.
     Plain,
     /// The [`scripts::ADMIT`] script: the same queue, admitting by `admission`'s policy (a
     /// semaphore's permit, a read-write lock's reader or writer).
@@ -52,7 +58,8 @@ impl Ask {
 pub(crate) enum Attempt {
     /// Granted, with this node's counter value.
     Granted(u64),
-    /// Held by another owner, who has this much TTL left.
+    /// Held by another owner, who has this much TTL left; or, with [`PROMISED`], free or held
+    /// but promised to a live waiter at the head of the queue.
     Busy { pttl_ms: i64 },
     /// A permit refused: the semaphore is in use with `theirs` permits.
     Mismatch { theirs: u32 },
@@ -108,8 +115,11 @@ impl RedisBackend {
                 call.arg(0u8).arg(&who).arg(&self.turns.name);
                 Some(call)
             }
-            Ask::Arbiter { waiter_ttl } => {
-                let mut call = queue_call(&scripts::ACQUIRE, false, true, waiter_ttl);
+            Ask::Arbiter {
+                waiter_ttl,
+                waiting,
+            } => {
+                let mut call = queue_call(&scripts::ACQUIRE, false, waiting, waiter_ttl);
                 call.arg(1u8).arg(&who).arg(&self.turns.name);
                 Some(call)
             }

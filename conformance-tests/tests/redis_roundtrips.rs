@@ -177,9 +177,23 @@ async fn redlock_on(
 ) {
     let (masters, admins, urls) = redlock_setup().await;
     let name = LockName::new(name).expect("name");
-    let arbiter = redlock_backend(&urls).await.arbiter(&name);
+    let backend = redlock_backend(&urls).await;
+    let arbiter = backend.arbiter(&name);
     let locks = redlock_client(&urls).await;
     let opts = warmed_up(&locks).await;
+    // A pair on a name each node arbitrates: every node has loaded the arbiter's script too.
+    let mut warm = vec![false; urls.len()];
+    for i in 0.. {
+        let warming = format!("warm-{i}");
+        let on = backend.arbiter(&LockName::new(&warming).expect("name"));
+        if !std::mem::replace(&mut warm[on], true) {
+            let lease = locks.try_acquire(&warming, &opts).await.expect("acquire");
+            assert!(lease.release().await.expect("release"));
+        }
+        if warm.iter().all(|w| *w) {
+            break;
+        }
+    }
     (masters, admins, name, arbiter, locks, opts)
 }
 
@@ -262,11 +276,16 @@ async fn a_redlock_pair_is_a_plain_set_and_only_the_arbiter_looks_for_waiters() 
     let lease = locks.try_acquire("count", &opts).await.expect("acquire");
     assert!(lease.release().await.expect("release"));
     // Redlock nodes grant with the raw minimum; only the name's arbiter keeps a queue of
-    // waiters, so only its release looks for one (and, with nobody queued, tells nobody).
+    // waiters, so only its ask and its release look for one (and, with nobody queued, its ask
+    // is one SET NX and its release tells nobody).
     for (i, (admin, before)) in admins.iter_mut().zip(&before).enumerate() {
         let after = command_calls(admin).await;
         let want = if i == arbiter {
-            once_each(&["del", "evalsha", "exists", "get", "set"])
+            // Its ask is the queue's script (EXISTS, then SET NX), as its release is.
+            let mut want = once_each(&["del", "evalsha", "exists", "get", "set"]);
+            want.insert("evalsha".into(), 2);
+            want.insert("exists".into(), 2);
+            want
         } else {
             once_each(&["del", "evalsha", "get", "set"])
         };
@@ -507,16 +526,109 @@ async fn a_redlock_retry_count_of_one_is_one_round_and_queues_nowhere() {
     ));
     let scripts = calls_of(&mut admins, "evalsha").await;
     let asked = timed_out_asking(&once, "one-round", &opts, 20_000, &mut admins).await;
-    assert_eq!(asked, vec![1, 1, 1], "one plain SET per node");
-    // Each node's one script is the refused round's release: no queue script on the arbiter
-    // (neither joining nor leaving).
+    assert_eq!(asked, vec![1, 1, 1], "one SET per node");
+    // Each node's script is the refused round's release, and on the arbiter its ask, which
+    // joins nothing (and no script leaves the queue).
     let ran = grew(&calls_of(&mut admins, "evalsha").await, &scripts);
-    assert_eq!(
-        ran,
-        vec![1, 1, 1],
-        "scripts per node (the arbiter is {arbiter})"
-    );
+    let want: Vec<u64> = (0..3).map(|i| if i == arbiter { 2 } else { 1 }).collect();
+    assert_eq!(ran, want, "scripts per node (the arbiter is {arbiter})");
     assert_eq!(queued(&mut admins[arbiter], &name).await, 0, "never queued");
+}
+
+/// Queues a waiter on `name`'s queue on `admin`'s node (the arbiter) that never asks again, as
+/// one told its turn whose round is still on its way: the script joins it behind the lock key,
+/// which must be held there.
+async fn queue_silent_waiter(admin: &mut redis::aio::MultiplexedConnection, name: &LockName) {
+    let keys = lock_keys("distlock", name);
+    let (granted, _): (i64, i64) = distlock_redis::scripts::ACQUIRE
+        .key(&keys.lock)
+        .key(keys.fence())
+        .key(keys.queue())
+        .key(keys.alive())
+        .key(keys.asks())
+        .arg("5".repeat(32))
+        .arg(10_000)
+        // Waiting, alive for 3 s, on an arbiter, no holder segment, a channel nobody reads.
+        .arg(1)
+        .arg(3_000)
+        .arg(1)
+        .arg("")
+        .arg("nobody-listens")
+        .invoke_async(admin)
+        .await
+        .expect("ACQUIRE");
+    assert_eq!(granted, 0, "queued behind the hold");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_newcomer_gives_back_a_majority_while_a_live_waiter_heads_the_arbiters_queue() {
+    let (_masters, mut admins, name, arbiter, locks, opts) = redlock_on("promised").await;
+    let key = lock_keys("distlock", &name).lock;
+    hold_elsewhere(&mut admins[arbiter], &name).await;
+    queue_silent_waiter(&mut admins[arbiter], &name).await;
+    let () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut admins[arbiter])
+        .await
+        .expect("DEL");
+    // Every node is free, but the arbiter's queue has a live head: a newcomer's round (a
+    // releaser's next one, in a hand-over) gives back the majority the others granted, then
+    // tells the head (which may have asked those nodes while they were the newcomer's).
+    let published = calls_of(&mut admins, "publish").await;
+    let refused = locks.try_acquire("promised", &opts).await;
+    assert!(
+        matches!(refused, Err(distlock::LockError::Busy { .. })),
+        "{refused:?}"
+    );
+    let told = grew(&calls_of(&mut admins, "publish").await, &published);
+    let want: Vec<u64> = (0..3).map(|i| u64::from(i == arbiter)).collect();
+    assert_eq!(told, want, "messages per node (the arbiter is {arbiter})");
+    for (i, admin) in admins.iter_mut().enumerate() {
+        let held: bool = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(admin)
+            .await
+            .expect("EXISTS");
+        assert!(
+            !held,
+            "node {i} (the arbiter is {arbiter}) kept the refused round's key"
+        );
+    }
+    // The head never asks again: once its liveness runs out the queue drops it, and the
+    // newcomer's wait is granted.
+    let lease = locks
+        .acquire("promised", &opts, Duration::from_secs(10))
+        .await
+        .expect("granted once the silent head is dropped");
+    assert!(lease.release().await.expect("release"));
+    assert_eq!(queued(&mut admins[arbiter], &name).await, 0, "queue left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_elsewhere_tells_the_head_that_holds_only_the_arbiter() {
+    let (_masters, mut admins, name, arbiter, locks, opts) = redlock_on("head-holds").await;
+    let key = lock_keys("distlock", &name).lock;
+    // A holder granted by the other nodes alone, and a waiter at the head of the arbiter's queue
+    // holding the arbiter, which the others refused: it gives the arbiter back unless told.
+    hold_elsewhere(&mut admins[arbiter], &name).await;
+    let holder = locks
+        .try_acquire("head-holds", &opts)
+        .await
+        .expect("a majority grants");
+    queue_silent_waiter(&mut admins[arbiter], &name).await;
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(format!("{}:0", "5".repeat(32)))
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut admins[arbiter])
+        .await
+        .expect("SET");
+    let published = calls_of(&mut admins, "publish").await;
+    assert!(holder.release().await.expect("release"));
+    let told = grew(&calls_of(&mut admins, "publish").await, &published);
+    let want: Vec<u64> = (0..3).map(|i| u64::from(i == arbiter)).collect();
+    assert_eq!(told, want, "messages per node (the arbiter is {arbiter})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

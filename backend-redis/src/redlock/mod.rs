@@ -1,7 +1,11 @@
 //! Redlock over N independent Redis masters, on the single-instance scripts.
 //!
 //! * **Acquire**: a plain `SET <lock> <secret>:0 NX PX <ttl>` on every node in parallel (no
-//!   script: no token, no queue), each with a short timeout; success iff a majority (N/2 + 1) granted *and* the validity
+//!   token; on the name's arbiter, the same `SET` inside the queue's script, which refuses while
+//!   a live waiter heads its queue, and then the round gives back what the others granted, a
+//!   majority included: the queue decides who is next, so a releaser's next round cannot pass
+//!   the head its release told), each with a short timeout; success iff a majority (N/2 + 1)
+//!   granted *and* the validity
 //!   `TTL - elapsed - (TTL x drift_factor + 2 ms)` is still positive, with `elapsed` measured on
 //!   the monotonic clock from before the first request was sent. The lease's local deadline is
 //!   exactly that validity.
@@ -11,7 +15,8 @@
 //!   script) and retry when told our turn there or after a random delay, up to the caller's
 //!   deadline and `retry_count` rounds. A retry asks the arbiter first (joining the queue or
 //!   keeping our place) and the others only once it granted, so waiters never split the votes;
-//!   the waiter told its turn asks every node at once (only a newcomer's first round competes).
+//!   the waiter told its turn asks every node at once (a newcomer's first round can take the
+//!   other nodes first; the arbiter's refusal makes it give them back).
 //!   The grant still needs the same majority and validity (counted from before the arbiter's
 //!   request); a waiter the arbiter granted asks the nodes that refused again a few times,
 //!   briefly, before it lets go, and keeps the head of the queue until its release (or its
@@ -58,7 +63,8 @@ mod queue;
 mod vote;
 
 /// What Redlock declares: efficiency grade, no fencing token, not FIFO (waiters queue on the
-/// name's arbiter, but a newcomer's first round can win before the head), client-side
+/// name's arbiter, which a newcomer's first round does not pass while it answers, but while it
+/// is silent the other nodes decide by majority alone), client-side
 /// re-entrancy, millisecond TTLs, release messages (from the name's arbiter to the head of its
 /// queue; from the others to every waiter while it is down; a random back-off as the fallback).
 pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
@@ -87,6 +93,10 @@ pub(crate) enum Waking {
     /// A waiter that held the arbiter while nodes another owner holds refused it, or that the
     /// arbiter refused: nobody (it keeps its turn).
     Nobody,
+    /// A round the arbiter refused for the live head of its queue, once the other nodes gave
+    /// back what they granted: the head, if the arbiter is free (it may have let go of the
+    /// arbiter while those nodes were ours, and would otherwise wait for its retry delay).
+    Promised,
 }
 
 /// The acquire of `name`, started at `started`, ran out of time or rounds.

@@ -22,12 +22,13 @@ use super::{RedlockBackend, Waking, timed_out, validity};
 /// hand-overs/s with the wake-ups spread over 5 ms and ~380/s over 50 ms.
 const SPREAD_PER_WAITER: Duration = Duration::from_micros(700);
 
-/// How many more times a waiter holding the arbiter asks the nodes that refused: enough for a
-/// release sent to every node at once to have landed everywhere (3 local masters on 2 cores),
-/// few enough that a real holder of those nodes costs ~1 ms.
+/// How many more times a waiter holding the arbiter asks the nodes that refused, each ask as
+/// soon as the last one answered (a round trip apart: a timer would wait at least tokio's 1 ms
+/// tick, which traced as the hand-over's p50 when a newcomer had to give the nodes back): enough
+/// for a release sent to every node at once, or a newcomer's round and its give-back (two round
+/// trips), to have landed everywhere; few enough that a real holder of those nodes costs only a
+/// few round trips.
 const ARBITER_HOLD_RETRIES: usize = 3;
-/// The pause before each of those asks: a few round trips, short against any lock's TTL.
-const ARBITER_HOLD_PAUSE: Duration = Duration::from_micros(300);
 
 impl RedlockBackend {
     /// A waiter's round through the name's arbiter, which keeps the waiters' queue: the arbiter
@@ -62,6 +63,7 @@ impl RedlockBackend {
         let arbiter = self.arbiter_of(keys);
         let queue = Ask::Arbiter {
             waiter_ttl: self.waiter_ttl(),
+            waiting: true,
         };
         let ask_arbiter = self.nodes[arbiter].attempt(keys, who, ttl, queue);
         let (answer, others) = if told {
@@ -104,8 +106,10 @@ impl RedlockBackend {
     /// With the arbiter granted: asks the others (unless `first` holds their answers already),
     /// and asks the ones that refused again, a few times and briefly, while holding it. The
     /// release that woke us was told by the arbiter alone, so the others may not have processed
-    /// their part of it yet; no other waiter can win the arbiter meanwhile, and a newcomer that
-    /// took a majority without it wins as it should (we then release everything).
+    /// their part of it yet, and a newcomer's round may have taken them first (the arbiter's
+    /// refusal makes it give them back); no other waiter can win the arbiter meanwhile. A
+    /// newcomer whose ask the arbiter did not answer in time can still take a majority without
+    /// it (we then release everything).
     pub(super) async fn hold_arbiter(
         &self,
         keys: &LockKeys,
@@ -119,15 +123,10 @@ impl RedlockBackend {
         let mut silent = Vec::new();
         let mut ask: Vec<usize> = self.others(arbiter).collect();
         let mut answered = first;
-        for round in 0..=ARBITER_HOLD_RETRIES {
+        for _ in 0..=ARBITER_HOLD_RETRIES {
             let tally = match answered.take() {
                 Some(tally) => tally,
-                None => {
-                    if round > 0 {
-                        tokio::time::sleep(ARBITER_HOLD_PAUSE).await;
-                    }
-                    self.ask(keys, who, ttl, ask.iter().copied()).await
-                }
+                None => self.ask(keys, who, ttl, ask.iter().copied()).await,
             };
             granted += tally.granted;
             silent.extend(tally.silent);

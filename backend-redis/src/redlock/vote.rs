@@ -8,7 +8,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::keys::LockKeys;
-use crate::queue::{Ask, Attempt, Who, queue_member};
+use crate::queue::{Ask, Attempt, PROMISED, Who, queue_member};
 use crate::release::{Sent, Tell};
 
 use super::{RedlockBackend, Waking, validity};
@@ -21,6 +21,9 @@ pub(super) struct Tally {
     pub(super) refused: Vec<usize>,
     /// The nodes that did not answer in time (their `SET` may still land).
     pub(super) silent: Vec<usize>,
+    /// The name's arbiter refused because a live waiter heads its queue: the round gives back
+    /// whatever the others granted, a majority included (the queue decides who is next).
+    pub(super) promised: bool,
 }
 
 /// Armed while a round is in flight: each node's own guard disarms as soon as that node
@@ -89,8 +92,8 @@ impl RedlockBackend {
         outcome
     }
 
-    /// Asks `nodes` at once for the lock of `keys` (a plain `SET NX PX` each) and counts their
-    /// answers.
+    /// Asks `nodes` at once for the lock of `keys` (a plain `SET NX PX` each; on the name's
+    /// arbiter, the acquire script without joining its queue) and counts their answers.
     pub(super) async fn ask(
         &self,
         keys: &LockKeys,
@@ -98,15 +101,28 @@ impl RedlockBackend {
         ttl: Duration,
         nodes: impl Iterator<Item = usize>,
     ) -> Tally {
+        let arbiter = self.arbiter_of(keys);
         let answers = join_all(nodes.map(|i| {
             let n = &self.nodes[i];
-            async move { (i, n.attempt(keys, who, ttl, Ask::Plain).await) }
+            let ask = if i == arbiter {
+                Ask::Arbiter {
+                    waiter_ttl: self.waiter_ttl(),
+                    waiting: false,
+                }
+            } else {
+                Ask::Plain
+            };
+            async move { (i, n.attempt(keys, who, ttl, ask).await) }
         }))
         .await;
         let mut tally = Tally::default();
         for (i, answer) in answers {
             match answer {
                 Ok(Attempt::Granted(_)) => tally.granted += 1,
+                Ok(Attempt::Busy { pttl_ms: PROMISED }) => {
+                    tally.promised = true;
+                    tally.refused.push(i)
+                }
                 Ok(Attempt::Busy { .. } | Attempt::Mismatch { .. } | Attempt::Foreign) => {
                     tally.refused.push(i)
                 }
@@ -131,7 +147,8 @@ impl RedlockBackend {
         self.decide(keys, who.0, ttl, start, tally).await
     }
 
-    /// Grants on a majority with validity left since `start`; else releases everywhere.
+    /// Grants on a majority with validity left since `start`, unless the arbiter's queue
+    /// promised the lock to another waiter; else releases everywhere.
     pub(super) async fn decide(
         &self,
         keys: &LockKeys,
@@ -140,12 +157,18 @@ impl RedlockBackend {
         start: Instant,
         tally: Tally,
     ) -> Result<(bool, Instant)> {
-        let ok = tally.granted >= self.quorum()
+        let ok = !tally.promised
+            && tally.granted >= self.quorum()
             && validity(ttl, start.elapsed(), self.options.drift_factor).is_some();
         if ok {
             return Ok((true, start));
         }
-        self.refused(keys, secret, start, &tally.silent, Waking::Attempt)
+        let waking = if tally.promised {
+            Waking::Promised
+        } else {
+            Waking::Attempt
+        };
+        self.refused(keys, secret, start, &tally.silent, waking)
             .await
     }
 
@@ -194,7 +217,7 @@ impl RedlockBackend {
                 _ if i != arbiter => Tell::Nobody,
                 Waking::Holder => Tell::LeaveQueue,
                 Waking::Attempt => Tell::QueueHead,
-                Waking::Nobody => Tell::Nobody,
+                Waking::Nobody | Waking::Promised => Tell::Nobody,
             };
             let sent = match unsure {
                 Some(nodes) if !nodes.contains(&i) => Sent::Hash,
@@ -203,12 +226,13 @@ impl RedlockBackend {
             async move { n.release_telling(keys, secret, tell, sent).await }
         }))
         .await;
-        if waking == Waking::Holder {
+        if matches!(waking, Waking::Holder | Waking::Promised) {
             match released[arbiter] {
                 // The script told the queue's head.
                 Ok(true) => {}
                 // Granted without the arbiter: we may still be in its queue; leaving it tells
-                // the head if the arbiter is free.
+                // the head if the arbiter is free. (Refused for its head: our keys elsewhere are
+                // gone now, so it is told after them.)
                 Ok(false) => {
                     self.nodes[arbiter]
                         .leave_queue(keys, &queue_member(secret, None))

@@ -27,12 +27,14 @@ use super::helpers::{HAND_ON, PURGE};
 /// * Free and we head the queue (or every waiter in it was dead): as the first case, and leave
 ///   the queue.
 ///
-/// On a name's Redlock arbiter (`arbiter` = 1, always waiting) no counter is kept (token 0:
-/// Redlock hands out none) and a granted waiter joins or keeps the head of the queue instead of
-/// leaving it, until its release leaves it ([`RELEASE`] with `leave`): the arbiter alone does
-/// not make a Redlock grant, and a waiter the other nodes then refuse keeps its turn. Its place
-/// lives no longer than the lock it was granted, so a holder that crashed holds up the queue
-/// only until its lock expires.
+/// On a name's Redlock arbiter (`arbiter` = 1) no counter is kept (token 0: Redlock hands out
+/// none) and a granted waiter joins or keeps the head of the queue instead of leaving it, until
+/// its release leaves it ([`RELEASE`] with `leave`): the arbiter alone does not make a Redlock
+/// grant, and a waiter the other nodes then refuse keeps its turn. Its place lives no longer
+/// than the lock it was granted, so a holder that crashed holds up the queue only until its
+/// lock expires. A first ask there (not waiting) with nobody queued is one `SET NX PX`; with a
+/// live waiter other than us at the queue's head it returns `{0, -3}` even while the lock is
+/// held, so the round gives back what the other nodes granted: the queue decides who is next.
 pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"
@@ -44,6 +46,10 @@ if not queued and not arbiter then
   local token = redis.call('INCR', fence)
   if redis.call('SET', lock, me .. ':' .. token .. ARGV[6], 'NX', 'PX', ttl) then
     return {{1, token}}
+  end
+elseif not queued and not waiting then
+  if redis.call('SET', lock, me .. ':0' .. ARGV[6], 'NX', 'PX', ttl) then
+    return {{1, 0}}
   end
 end
 {PURGE}
@@ -72,13 +78,14 @@ local function join(live)
     enqueue(queue, alive, asks, me, arrival, now + live, wttl, asked .. ':' .. ARGV[6] .. ':' .. ARGV[7])
   end
 end
-if cur then
+local passing = head and head ~= me and arbiter and not waiting
+if cur and not passing then
   join(wttl)
   return {{0, redis.call('PTTL', lock)}}
 end
 if head and head ~= me then
   join(wttl)
-  if purged > 0 then
+  if purged > 0 and not cur then
     tell(asks, head)
   end
   return {{0, -3}}
@@ -103,7 +110,10 @@ return {{1, token}}
 /// A waiter that gives up (timeout, error, cancellation) leaves the queue. If a release granted
 /// it the lock key or a shared field meanwhile (`HAND_ON`: the grant may be in flight to it, or
 /// never read), it lets go of it. Unless the lock key is held, it then hands on to the new
-/// heads at once instead of at their next re-check.
+/// heads at once instead of at their next re-check. Held by the queue's head (only on a Redlock
+/// arbiter, whose granted waiter stays at the head until the other nodes grant it too), the head
+/// is told: what the leaver held on those nodes is gone (it leaves after letting go there), and
+/// a head that gives the arbiter back before asking them again would else not hear of it.
 pub static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"{PURGE}{HAND_ON}
@@ -118,6 +128,8 @@ if cur and string.sub(cur, 1, 33) == secret .. ':' then
 end
 if not cur then
   hand_on(lock, fence, queue, alive, asks, nil, shared)
+elseif string.sub(cur, 1, 32) == redis.call('ZRANGE', queue, 0, 0)[1] then
+  tell(asks, string.sub(cur, 1, 32))
 end
 return 1
 "#
