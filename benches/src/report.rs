@@ -177,7 +177,8 @@ impl Network {
                  whose answer is awaited, as ours is). \
                  Same work = the very requests our backend sends for a pair, sent by hand on a raw \
                  connection (Redis: our acquire script, with its fencing counter and queue check, and \
-                 our release script; Redlock: `SET NX PX` and our release script on every master; \
+                 our release script; Redlock: `SET NX PX` on every master but the name's arbiter, which \
+                 gets our acquire script without joining its queue, then our release script on every master; \
                  etcd: our enqueue txn, put-if-absent of our reused key, then our release, a txn deleting the key if its value is ours; ZooKeeper: create \
                  with our node name and data, then delete; both as a repeat acquire on an idle cluster \
                  sends them: the revision or zxid gap to our own released entry proves the queue \
@@ -379,19 +380,7 @@ fn is_peer(label: &str) -> bool {
 
 /// What an unmet target of this report comes from, as traced, and the design that would meet
 /// it: a heading, what an unmet target row of it contains (any of), and the cause.
-const CAUSES: [(&str, &[&str], &str); 6] = [
-    (
-        "redlock x3",
-        &[", redlock x3 x", "| redlock x3 "],
-        "a first round is a plain `SET NX` on every node, the name's arbiter included, so it \
-         passes the arbiter's queue: the releaser's own next first round races the head its \
-         release just told, and often wins (traced at 0.5 ms RTT: one client taking the lock back \
-         three times in a row), leaving split rounds and told heads asking again. Design: while \
-         the arbiter answers, its queue decides: a first ask there is the `ACQUIRE` script \
-         without joining, refused while a live head waits, and a round it refuses gives back what \
-         the other nodes granted even if they are a majority (today a newcomer with a majority \
-         wins); the release grants the head on the arbiter, so the head asks only the others",
-    ),
+const CAUSES: [(&str, &[&str], &str); 5] = [
     (
         "etcd",
         &[", etcd x", "| etcd "],

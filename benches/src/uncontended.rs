@@ -259,7 +259,6 @@ pub async fn interleaved(contenders: &[(&Pair, &str)], pairs: usize) -> Vec<Stat
 
 impl SameWork {
     async fn once(&self, name: &str, i: usize) {
-        use distlock_redis::scripts::ACQUIRE;
         let secret = format!("{i:032x}");
         // Who holds, as every grant writes it.
         let holder = distlock::HolderInfo::now().segment();
@@ -267,30 +266,27 @@ impl SameWork {
             SameWork::Redis(conns) if conns.len() == 1 => {
                 let keys = same_keys(name);
                 let mut c = conns[0].clone();
-                let _: (i64, i64) = ACQUIRE
-                    .key(&keys.lock)
-                    .key(keys.fence())
-                    .key(keys.queue())
-                    .key(keys.alive())
-                    .key(keys.asks())
-                    .arg(&secret)
-                    .arg(10_000)
-                    .arg(0)
-                    .arg(3_000)
-                    .arg(0)
-                    .arg(&holder)
-                    // Its client's turn channel: written only by a waiter, which this is not.
-                    .arg("")
-                    .invoke_async(&mut c)
-                    .await
-                    .expect("acquire script");
+                acquire_script(&mut c, &keys, &secret, &holder, false).await;
                 release_script(&mut c, &keys, &secret, "head").await;
             }
             SameWork::Redis(conns) => {
                 let keys = same_keys(name);
-                set_nx_everywhere(conns, &keys.lock, &format!("{secret}:0{holder}")).await;
-                // Only the name's arbiter looks for waiters (`RedlockBackend::arbiter`).
+                // Only the name's arbiter looks for waiters (`RedlockBackend::arbiter`): its ask
+                // is the queue's script, the others' a plain `SET NX PX`.
                 let arbiter = distlock_redis::redlock::arbiter_index(&keys.lock, conns.len());
+                let value = format!("{secret}:0{holder}");
+                join_all(conns.iter().enumerate().map(|(i, c)| {
+                    let mut c = c.clone();
+                    let (keys, secret, holder, value) = (&keys, &secret, &holder, &value);
+                    async move {
+                        if i == arbiter {
+                            acquire_script(&mut c, keys, secret, holder, true).await;
+                        } else {
+                            set_nx(&mut c, &keys.lock, value).await;
+                        }
+                    }
+                }))
+                .await;
                 join_all(conns.iter().enumerate().map(|(i, c)| {
                     let mut c = c.clone();
                     let (keys, secret) = (&keys, &secret);
@@ -360,19 +356,50 @@ async fn zk_pair(client: &zookeeper_client::Client, prefix: &str, data: &str) {
 async fn set_nx_everywhere(conns: &[redis::aio::MultiplexedConnection], key: &str, value: &str) {
     join_all(conns.iter().map(|c| {
         let mut c = c.clone();
-        async move {
-            let _: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(10_000)
-                .query_async(&mut c)
-                .await
-                .expect("SET");
-        }
+        async move { set_nx(&mut c, key, value).await }
     }))
     .await;
+}
+
+/// `SET key value NX PX 10000`.
+async fn set_nx(c: &mut redis::aio::MultiplexedConnection, key: &str, value: &str) {
+    let _: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(c)
+        .await
+        .expect("SET");
+}
+
+/// Our acquire script as a first, uncontended ask sends it: not waiting, on a Redlock arbiter
+/// (no counter) or a single server.
+async fn acquire_script(
+    c: &mut redis::aio::MultiplexedConnection,
+    keys: &distlock_redis::keys::LockKeys,
+    secret: &str,
+    holder: &str,
+    arbiter: bool,
+) {
+    let _: (i64, i64) = distlock_redis::scripts::ACQUIRE
+        .key(&keys.lock)
+        .key(keys.fence())
+        .key(keys.queue())
+        .key(keys.alive())
+        .key(keys.asks())
+        .arg(secret)
+        .arg(10_000)
+        .arg(0)
+        .arg(3_000)
+        .arg(u8::from(arbiter))
+        .arg(holder)
+        // Its client's turn channel: written only by a waiter, which this is not.
+        .arg("")
+        .invoke_async(c)
+        .await
+        .expect("acquire script");
 }
 
 /// One multiplexed connection per Redis URL (the raw contenders and the round-trip yardstick).
