@@ -33,8 +33,10 @@ use super::helpers::{HAND_ON, PURGE};
 /// grant, and a waiter the other nodes then refuse keeps its turn. Its place lives no longer
 /// than the lock it was granted, so a holder that crashed holds up the queue only until its
 /// lock expires. A first ask there (not waiting) with nobody queued is one `SET NX PX`; with a
-/// live waiter other than us at the queue's head it returns `{0, -3}` even while the lock is
-/// held, so the round gives back what the other nodes granted: the queue decides who is next.
+/// live waiter other than us at the queue's head it returns `{0, -3}` while the lock is free or
+/// held by that head, so the round gives back what the other nodes granted: the queue decides
+/// who is next. Held by anyone else (a key a cut release left, a split round's), it is a holder
+/// like any other, and a majority elsewhere still wins, as it would without a queue.
 pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r#"
@@ -79,6 +81,7 @@ local function join(live)
   end
 end
 local passing = head and head ~= me and arbiter and not waiting
+  and (not cur or string.sub(cur, 1, 32) == head)
 if cur and not passing then
   join(wttl)
   return {{0, redis.call('PTTL', lock)}}
