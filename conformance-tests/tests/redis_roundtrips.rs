@@ -639,6 +639,67 @@ async fn a_release_elsewhere_tells_the_head_that_holds_only_the_arbiter() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_waiter_whose_arbiter_was_silent_queues_there_again_once_it_answers() {
+    let (masters, mut admins, name, arbiter, locks, opts) = redlock_on("arbiter-back").await;
+    let keys = lock_keys("distlock", &name);
+    let holder = locks
+        .try_acquire("arbiter-back", &opts)
+        .await
+        .expect("acquire");
+    let waiter = redlock_client(
+        &masters
+            .nodes
+            .iter()
+            .map(RedisServer::url)
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let (wait_opts, named) = (opts.clone(), name.to_string());
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire(&named, &wait_opts, Duration::from_secs(20))
+            .await
+    });
+    until_queued(&mut admins[arbiter], &name, 1).await;
+    // A round with the arbiter silent: the waiter then listens for the others' announcements.
+    masters.nodes[arbiter].process().pause();
+    let other = (arbiter + 1) % 3;
+    let mut listening = false;
+    for _ in 0..500 {
+        let counts: Vec<(String, usize)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(keys.channel())
+            .query_async(&mut admins[other])
+            .await
+            .expect("PUBSUB NUMSUB");
+        if counts.first().is_some_and(|(_, n)| *n == 1) {
+            listening = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    masters.nodes[arbiter].process().resume();
+    assert!(listening, "the waiter never found its arbiter silent");
+    // Its place there is gone (as once its liveness runs out): a round that finds the arbiter
+    // answering brings the waiter back to the queue, where the release tells it its turn.
+    let () = redis::cmd("DEL")
+        .arg(keys.queue())
+        .arg(keys.alive())
+        .arg(keys.asks())
+        .query_async(&mut admins[arbiter])
+        .await
+        .expect("DEL");
+    until_queued(&mut admins[arbiter], &name, 1).await;
+    assert!(holder.release().await.expect("release"));
+    let lease = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("granted")
+        .expect("task")
+        .expect("granted");
+    assert!(lease.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watchdog_tick_for_100_leases_is_one_script_call() {
     let (_server, mut admin, locks) = setup().await;
     // Renewed every second.

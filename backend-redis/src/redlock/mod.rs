@@ -23,7 +23,8 @@
 //!   lock's expiry, so a crashed holder does not hold the queue up longer). Once the
 //!   arbiter fails to answer, that round is decided by the other nodes and the acquire goes
 //!   back to parallel rounds, woken by the others' release announcements (spread by how many
-//!   listen).
+//!   listen), until a round finds the arbiter answering again: the next one queues there again
+//!   (while a live waiter heads that queue, a parallel round gives way to it).
 //! * **Wake-ups**: one message per release, from the arbiter to the head of its queue: a
 //!   holder's release always (leaving the queue; by leaving it alone when the arbiter held no
 //!   key of ours), a failed attempt's clean-up when it freed the arbiter, and not a waiter's
@@ -220,7 +221,7 @@ impl LockBackend for RedlockBackend {
         let (secret, holder) = (OwnerSecret::random()?, HolderInfo::now());
         // Every node has the same key layout (one prefix for all): built once per acquire.
         let keys = self.nodes[0].keys(name);
-        match self.round(&keys, (&secret, &holder), ttl).await? {
+        match self.round(&keys, (&secret, &holder), ttl).await.0? {
             (true, start) => Ok(self.grant(name, keys, (secret, holder), ttl, start)),
             (false, _) => Err(LockError::Busy {
                 name: name.to_string(),
@@ -234,7 +235,7 @@ impl LockBackend for RedlockBackend {
         let keys = self.nodes[0].keys(name);
         // The first round goes to all nodes at once: an uncontended acquire is one round trip
         // and subscribes to nothing.
-        if let (true, start) = self.round(&keys, (&secret, &holder), ttl).await? {
+        if let (true, start) = self.round(&keys, (&secret, &holder), ttl).await.0? {
             return Ok(self.grant(name, keys, (secret, holder), ttl, start));
         }
         // The first round counts: `retry_count` 1 is one round, and then nothing was queued.

@@ -96,7 +96,7 @@ impl RedlockBackend {
             Err(_) => {
                 let rest = match others {
                     Some(tally) => self.decide(keys, who.0, ttl, start, tally).await,
-                    None => self.vote(keys, who, ttl, start, Some(arbiter)).await,
+                    None => self.vote_without(keys, who, ttl, start, arbiter).await,
                 };
                 (rest, false)
             }
@@ -210,13 +210,14 @@ impl RedlockBackend {
             for s in &mut subs {
                 s.mark_seen();
             }
-            let outcome = if arbiter_answers {
-                let (outcome, answered) = self.queued_round(keys, who, ttl, told).await;
-                arbiter_answers = answered;
-                outcome
+            // A round whose arbiter answered again brings the next back to its queue: there a
+            // live head makes our parallel rounds give way, and we would never get a place.
+            let (outcome, answered) = if arbiter_answers {
+                self.queued_round(keys, who, ttl, told).await
             } else {
                 self.round(keys, who, ttl).await
             };
+            arbiter_answers = answered;
             if let (true, start) = outcome? {
                 return Ok(start);
             }

@@ -78,18 +78,21 @@ impl RedlockBackend {
     }
 
     /// One round on all nodes. `Ok(true)`: granted with validity left; `Ok(false)`: refused
-    /// (everything we got was released again).
+    /// (everything we got was released again). The flag says whether the name's arbiter
+    /// answered.
     pub(super) async fn round(
         &self,
         keys: &LockKeys,
         who: Who<'_>,
         ttl: Duration,
-    ) -> Result<(bool, Instant)> {
+    ) -> (Result<(bool, Instant)>, bool) {
         let start = Instant::now();
         let guard = RoundGuard::arm(self, keys, who.0);
-        let outcome = self.vote(keys, who, ttl, start, None).await;
+        let tally = self.ask(keys, who, ttl, 0..self.nodes.len()).await;
+        let answered = !tally.silent.contains(&self.arbiter_of(keys));
+        let outcome = self.decide(keys, who.0, ttl, start, tally).await;
         guard.disarm();
-        outcome
+        (outcome, answered)
     }
 
     /// Asks `nodes` at once for the lock of `keys` (a plain `SET NX PX` each; on the name's
@@ -132,18 +135,17 @@ impl RedlockBackend {
         tally
     }
 
-    /// Asks every node but `except` at once, and releases everywhere unless that makes a
-    /// majority with validity left since `start`.
-    pub(super) async fn vote(
+    /// Asks every node but the silent arbiter at once, and releases everywhere unless that
+    /// makes a majority with validity left since `start`.
+    pub(super) async fn vote_without(
         &self,
         keys: &LockKeys,
         who: Who<'_>,
         ttl: Duration,
         start: Instant,
-        except: Option<usize>,
+        arbiter: usize,
     ) -> Result<(bool, Instant)> {
-        let asked = (0..self.nodes.len()).filter(|i| Some(*i) != except);
-        let tally = self.ask(keys, who, ttl, asked).await;
+        let tally = self.ask(keys, who, ttl, self.others(arbiter)).await;
         self.decide(keys, who.0, ttl, start, tally).await
     }
 
