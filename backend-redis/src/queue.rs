@@ -30,7 +30,8 @@ pub(crate) enum Ask {
     /// The same script on the name's Redlock arbiter: no counter (token 0); `waiting`, the
     /// caller joins or keeps its place in the queue (liveness `waiter_ttl`), and a waiter granted
     /// stays at its head until its release leaves it; not waiting (a first round), it joins
-    /// nothing and is refused while a live waiter heads the queue (see [`scripts::ACQUIRE`]).
+    /// nothing and is refused while a live waiter heads the queue and the lock is free or that
+    /// waiter's (see [`scripts::ACQUIRE`]).
     Arbiter { waiter_ttl: Duration, waiting: bool },
     /// A plain `SET NX PX` with token 0: the ask of a Redlock node that is not the name's
     /// arbiter, which hands out no token and keeps no queue; no script runs, so the node grants
@@ -58,8 +59,8 @@ impl Ask {
 pub(crate) enum Attempt {
     /// Granted, with this node's counter value.
     Granted(u64),
-    /// Held by another owner, who has this much TTL left; or, with [`PROMISED`], free or held
-    /// but promised to a live waiter at the head of the queue.
+    /// Held by another owner, who has this much TTL left; or, with [`PROMISED`], promised to the
+    /// live waiter at the head of the queue (free, or held by that waiter on a Redlock arbiter).
     Busy { pttl_ms: i64 },
     /// A permit refused: the semaphore is in use with `theirs` permits.
     Mismatch { theirs: u32 },

@@ -2,12 +2,12 @@
 //!
 //! * **Acquire**: a plain `SET <lock> <secret>:0 NX PX <ttl>` on every node in parallel (no
 //!   token; on the name's arbiter, the same `SET` inside the queue's script, which refuses while
-//!   a live waiter heads its queue, and then the round gives back what the others granted, a
-//!   majority included: the queue decides who is next, so a releaser's next round cannot pass
-//!   the head its release told), each with a short timeout; success iff a majority (N/2 + 1)
-//!   granted *and* the validity
-//!   `TTL - elapsed - (TTL x drift_factor + 2 ms)` is still positive, with `elapsed` measured on
-//!   the monotonic clock from before the first request was sent. The lease's local deadline is
+//!   a live waiter heads its queue and the lock there is free or that head's, and then the round
+//!   gives back what the others granted, a majority included: the queue decides who is next, so
+//!   a releaser's next round cannot pass the head its release told), each with a short timeout;
+//!   success iff a majority (N/2 + 1) granted *and* the validity `TTL - elapsed - (TTL x
+//!   drift_factor + 2 ms)` is still positive, with `elapsed` measured on the monotonic clock
+//!   from before the first request was sent. The lease's local deadline is
 //!   exactly that validity.
 //! * **Failure**: release on *all* nodes, including those that did not answer (they may have
 //!   granted after their timeout), then wait in the name's queue on its *arbiter* (one node
@@ -95,8 +95,9 @@ pub(crate) enum Waking {
     /// arbiter refused: nobody (it keeps its turn).
     Nobody,
     /// A round the arbiter refused for the live head of its queue, once the other nodes gave
-    /// back what they granted: the head, if the arbiter is free (it may have let go of the
-    /// arbiter while those nodes were ours, and would otherwise wait for its retry delay).
+    /// back what they granted: the head, whether the arbiter is free or the head's own (it may
+    /// have asked those nodes while they were ours, and let go of the arbiter after, and would
+    /// otherwise wait for its retry delay).
     Promised,
 }
 

@@ -21,8 +21,9 @@ pub(super) struct Tally {
     pub(super) refused: Vec<usize>,
     /// The nodes that did not answer in time (their `SET` may still land).
     pub(super) silent: Vec<usize>,
-    /// The name's arbiter refused because a live waiter heads its queue: the round gives back
-    /// whatever the others granted, a majority included (the queue decides who is next).
+    /// The name's arbiter refused for the live waiter at the head of its queue (the lock there
+    /// free or that waiter's): the round gives back whatever the others granted, a majority
+    /// included (the queue decides who is next).
     pub(super) promised: bool,
 }
 
