@@ -7,8 +7,8 @@
 //!   a releaser's next round cannot pass the head its release told), each with a short timeout;
 //!   success iff a majority (N/2 + 1) granted *and* the validity `TTL - elapsed - (TTL x
 //!   drift_factor + 2 ms)` is still positive, with `elapsed` measured on the monotonic clock
-//!   from before the first request was sent. The lease's local deadline is
-//!   exactly that validity.
+//!   from before the first request was sent. The lease's local deadline is exactly that
+//!   validity.
 //! * **Failure**: release on *all* nodes, including those that did not answer (they may have
 //!   granted after their timeout), then wait in the name's queue on its *arbiter* (one node
 //!   chosen by the name's key slot, which keeps the waiters' queue with the single-instance

@@ -226,7 +226,14 @@ impl RedlockBackend {
                 Some(nodes) if !nodes.contains(&i) => Sent::Hash,
                 _ => Sent::Source,
             };
-            async move { n.release_telling(keys, secret, tell, sent).await }
+            async move {
+                // Refused there for its queue's head: nothing of ours to delete (leaving its
+                // queue, below, tells the head).
+                if i == arbiter && waking == Waking::Promised {
+                    return Ok(false);
+                }
+                n.release_telling(keys, secret, tell, sent).await
+            }
         }))
         .await;
         if matches!(waking, Waking::Holder | Waking::Promised) {
