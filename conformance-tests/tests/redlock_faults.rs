@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient, LockName};
 use distlock_conformance::deployments::redlock::{RedlockDeployment, deploy, options};
+use distlock_conformance::harness::{Proxy, ProxyMode};
 use distlock_redis::RedlockBackend;
 use distlock_redis::keys::lock_keys;
 use tokio::time::{Instant, sleep};
@@ -23,6 +24,25 @@ async fn client(d: &RedlockDeployment) -> LockClient {
 
 fn name(s: &str) -> LockName {
     LockName::new(s).expect("valid")
+}
+
+/// Waits (5 s at most) until one waiter is queued on `name`'s arbiter, node `arbiter`.
+async fn queued_on(d: &RedlockDeployment, arbiter: usize, name: &LockName) {
+    let queue = lock_keys(&options().prefix, name).queue().to_string();
+    let mut admin = d.masters.nodes[arbiter].admin().await.expect("admin");
+    let mut queued = 0u64;
+    for _ in 0..500 {
+        queued = redis::cmd("ZCARD")
+            .arg(&queue)
+            .query_async(&mut admin)
+            .await
+            .expect("ZCARD");
+        if queued == 1 {
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(queued, 1, "no waiter queued on the arbiter");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,19 +129,7 @@ async fn a_holder_its_arbiter_granted_that_crashed_holds_the_queue_up_only_until
                 .await
         })
     };
-    let queue = lock_keys(&options().prefix, &n).queue().to_string();
-    let mut arbiter_admin = d.masters.nodes[arbiter].admin().await.expect("admin");
-    for _ in 0..500 {
-        let queued: u64 = redis::cmd("ZCARD")
-            .arg(&queue)
-            .query_async(&mut arbiter_admin)
-            .await
-            .expect("ZCARD");
-        if queued == 1 {
-            break;
-        }
-        sleep(Duration::from_millis(10)).await;
-    }
+    queued_on(&d, arbiter, &n).await;
     assert!(held.release().await.expect("release"));
     let crashed = b_waits.await.expect("task").expect("b is granted");
     // b crashes: no release, no renewal. Its place in the queue must not outlive its lock (300
@@ -132,6 +140,77 @@ async fn a_holder_its_arbiter_granted_that_crashed_holds_the_queue_up_only_until
         .await
         .expect("granted once b's lock expired, well within the queue's liveness");
     assert!(granted.release().await.expect("release"));
+}
+
+/// A waiter that goes silent (its process died) while it heads the arbiter's queue is told its
+/// turn at the release and never takes it. The arbiter refuses newcomers for a live head, so the
+/// name is held up, but only until that head's liveness runs out (3 s): not for good, and not
+/// for the TTL the dead waiter asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_heading_the_arbiters_queue_holds_the_name_only_for_its_liveness() {
+    let d = deploy(3, false).await;
+    let n = name("dead-waiter");
+    let proxies: Vec<Proxy> = d
+        .masters
+        .nodes
+        .iter()
+        .map(|node| Proxy::start(([127, 0, 0, 1], node.port()).into()).expect("proxy"))
+        .collect();
+    let through: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("redis://{}", p.addr()))
+        .collect();
+    let (holder, newcomer) = (client(&d).await, client(&d).await);
+    let dying = LockClient::new(Arc::new(
+        RedlockBackend::connect(&through, options())
+            .await
+            .expect("connect"),
+    ));
+    let long = AcquireOptions::with_ttl(Duration::from_secs(30));
+    let held = holder
+        .try_acquire("dead-waiter", &long)
+        .await
+        .expect("acquire");
+    let dead = {
+        let long = long.clone();
+        tokio::spawn(async move {
+            dying
+                .acquire("dead-waiter", &long, Duration::from_secs(60))
+                .await
+        })
+    };
+    let arbiter = RedlockBackend::connect(&d.urls(), options())
+        .await
+        .expect("connect")
+        .arbiter(&n);
+    queued_on(&d, arbiter, &n).await;
+    for p in &proxies {
+        p.set_mode(ProxyMode::Blackhole);
+    }
+    let released = Instant::now();
+    assert!(held.release().await.expect("release"));
+    let lease = newcomer
+        .acquire("dead-waiter", &long, Duration::from_secs(10))
+        .await
+        .expect("granted once the dead head's liveness ran out");
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_secs(5),
+        "the newcomer waited {waited:?} behind a dead head"
+    );
+    assert!(lease.release().await.expect("release"));
+    // The silent waiter ends once its links are back (a lease it got, if any, goes).
+    for p in &proxies {
+        p.set_mode(ProxyMode::Pass);
+        p.reset();
+    }
+    let outcome = tokio::time::timeout(Duration::from_secs(30), dead)
+        .await
+        .expect("the silent waiter ends")
+        .expect("task");
+    if let Ok(lease) = outcome {
+        let _ = lease.release().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
