@@ -124,13 +124,22 @@ pub async fn etcd_at(endpoints: &[String], prefix: &str, name: &LockName) -> usi
 /// [`zk`] through a client of its own to `connect` (`host:port,...`).
 ///
 /// # Panics
-/// When the ensemble does not answer.
+/// When the ensemble gives no session within 30 s.
 pub async fn zk_at(connect: &str, root: &str, name: &LockName) -> usize {
-    let admin = zookeeper_client::Client::connector()
-        .with_session_timeout(std::time::Duration::from_secs(10))
-        .connect(connect)
-        .await
-        .expect("admin client");
+    // An ensemble whose member was just cut from its peers and let back may still be electing:
+    // a connect then times out (4 s, two fifths of the session timeout), and the next succeeds.
+    let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let admin = loop {
+        match zookeeper_client::Client::connector()
+            .with_session_timeout(std::time::Duration::from_secs(10))
+            .connect(connect)
+            .await
+        {
+            Ok(admin) => break admin,
+            Err(e) if tokio::time::Instant::now() >= give_up => panic!("admin client: {e:?}"),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    };
     zk(&admin, root, name).await
 }
 
