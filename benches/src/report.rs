@@ -389,8 +389,8 @@ const CAUSES: [(&str, &[&str], &str); 5] = [
          every delete is then an event on every such client's watch, and with 64 clients that \
          fan-out was the member's CPU (traced on loopback by its CPU time: busy about one core, \
          1.5 ms of it per hand-over with 8 clients, two commits, and 3.3 ms with 64). A waiter \
-         further back now follows its own key and the two nearest ahead on a watch stream of \
-         its own, made as it queues, so a delete wakes the two waiters behind its key (with 40 \
+         further back was made to follow its own key and the two nearest ahead on a watch \
+         stream of its own, made as it queues, so a delete wakes the two waiters behind its key (with 40 \
          clients the member handles 17 messages per hand-over, received and sent, against 43 \
          with every waiter on the shared watch). Against etcd's own lock, 64 clients: 0.53 -> \
          0.81 x on loopback, 0.39 -> 0.77 x at 0.5 ms RTT (0.18 -> 0.34 hand-overs per RTT; \
@@ -409,9 +409,18 @@ const CAUSES: [(&str, &[&str], &str); 5] = [
          operator's `del --prefix`) was granted, as etcd sends one revision's events to two \
          watches in either order: it now watches the range from its key to the nearest ahead \
          as its turn nears, one watch more (64 clients 6.9 -> 7.2 requests per hand-over, \
-         1 000 clients 7.9 -> 9.1; one run each). What is left is what each far wait still asks \
-         (its stream, four watches and a read, each answered with such a copy) where etcd's \
-         lock makes its watch and reads inside the member. At 0.5 ms RTT both cores are busy \
+         1 000 clients 7.9 -> 9.1; one run each). A far waiter no longer watches its own key \
+         as it queues (that range, and the read made with it, tell its delete): in a loop of 64 \
+         clients taking turns on a fresh member, five runs alternating with the code before, \
+         452 -> 490 hand-overs/s on average, the member's CPU 2.42 -> 2.23 ms per hand-over; \
+         7.6 -> 6.7 requests per hand-over at 64 clients, 9.0 -> 7.6 at 500 (quick runs, one \
+         each). \
+         Watching only the key two ahead as well (the nearest by that range alone) saved one \
+         request more but made the slowest hand-overs 90-100 ms, the period of the member's \
+         catch-up loop for watches behind it, against 10-30 ms, and lost throughput. What is \
+         left is what each far wait still asks (its stream, three watches and a read, each \
+         answered with such a copy) where etcd's lock makes its watch and reads inside the \
+         member. At 0.5 ms RTT both cores are busy \
          (a quick run, per \
          hand-over: the member 2.5 ms of CPU, the bench's process, its latency link carrying \
          every message each way, 2.1 ms; 2.1 and 1.1 ms with etcd's lock), so there every \

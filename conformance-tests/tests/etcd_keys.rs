@@ -263,7 +263,7 @@ impl Queue {
             passing.push(self.queue(i, wait).await);
         }
         let nearest = self.queue(16, wait).await;
-        // 17 ahead: it follows its own key and the two nearest.
+        // 17 ahead: it follows the two nearest.
         let last = self.queue(17, last_wait).await;
         assert!(holder.release().await.expect("release"));
         for t in passing {
