@@ -115,10 +115,10 @@ impl Ahead {
                 .admitted(self.keys.iter().map(|(_, limit)| *limit))
     }
 
-    /// The keys a wait that follows keys watches: those in the view, farthest first (our own
-    /// key is told by the [`Cover`] and the reads).
+    /// The keys a wait that follows keys watches: those in the view (our own key is told by the
+    /// [`Cover`] and the reads).
     fn followed(&self) -> impl Iterator<Item = &[u8]> {
-        self.keys.iter().rev().map(|(k, _)| k.as_slice())
+        self.keys.iter().map(|(k, _)| k.as_slice())
     }
 
     /// Nothing left to wait for: our key is gone, or it is admitted.
