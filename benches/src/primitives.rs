@@ -2,9 +2,14 @@
 //!
 //! * Semaphore: `clients` contenders on one semaphore of `permits`; each takes a permit, yields
 //!   once (the work) and gives it back, in a loop. Measured: permits granted per second, and the
-//!   hand-over: from the latest release's return to the grant of a waiter that asked while every
-//!   permit was held or owed to those who asked before it (one that found a permit free was
-//!   admitted by its own enqueue, not handed anything: its time is an uncontended acquire's).
+//!   hand-over: from the return of the release that freed a permit to the grant of that permit
+//!   to a waiter that asked before the release began (one that asked later found the permit
+//!   free, or took its own: its time is an uncontended acquire's). With `permits` permits the
+//!   (k + permits)-th grant in time is the first that needs the k-th release, so they are paired
+//!   after the run, as the lock's hand-over pairs each grant with the release before it; a
+//!   grant seen before its release returned counts 0. (The latest release before a grant is not
+//!   its release when releases overlap: that one may have admitted the waiter ahead, while this
+//!   waiter's was still in flight.)
 //! * Read-write mix: `clients` clients on one read-write lock, each taking a read lease 9 times in
 //!   10 and the write lease once, yielding once under it. Measured: leases per second, the time
 //!   to take a read and a write lease, and the hand-over: from the latest release's return to the
@@ -28,6 +33,10 @@ fn opts() -> AcquireOptions {
     AcquireOptions::with_ttl(Duration::from_secs(10))
 }
 
+/// Each grant: when it came and when its acquire began; each release: when it began and when it
+/// returned.
+type Turns = (Vec<(Instant, Instant)>, Vec<(Instant, Instant)>);
+
 /// The semaphore run's grants per second and hand-over latency.
 pub async fn semaphore(
     clients: Vec<Arc<dyn LockBackend>>,
@@ -36,14 +45,11 @@ pub async fn semaphore(
     grants: usize,
     budget: Duration,
 ) -> Stats {
-    let last_release: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let events: Arc<Mutex<Turns>> = Arc::default();
     let (stop, granted) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicUsize::new(0)),
     );
-    // Permits held (granted, release not yet returned), and acquires under way.
-    let (held, asking) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for backend in clients {
@@ -51,29 +57,16 @@ pub async fn semaphore(
             .semaphore(name, permits)
             .expect("semaphore")
             .options(opts());
-        let (last_release, samples) = (last_release.clone(), samples.clone());
-        let (stop, granted) = (stop.clone(), granted.clone());
-        let (held, asking) = (held.clone(), asking.clone());
+        let (events, stop, granted) = (events.clone(), stop.clone(), granted.clone());
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let asked = Instant::now();
-                let ahead = asking.fetch_add(1, Ordering::SeqCst) + held.load(Ordering::SeqCst);
-                let queued = ahead >= permits as usize;
                 let permit = s.acquire(WAIT).await.expect("permit");
-                held.fetch_add(1, Ordering::SeqCst);
-                asking.fetch_sub(1, Ordering::SeqCst);
-                let now = Instant::now();
-                // A grant that waited for a release: the hand-over from that release.
-                if let Some(r) = *last_release.lock().await
-                    && queued
-                    && r > asked
-                {
-                    samples.lock().await.push(now - r);
-                }
+                events.lock().await.0.push((Instant::now(), asked));
                 tokio::task::yield_now().await;
+                let releasing = Instant::now();
                 permit.release().await.expect("release");
-                held.fetch_sub(1, Ordering::SeqCst);
-                *last_release.lock().await = Some(Instant::now());
+                events.lock().await.1.push((releasing, Instant::now()));
                 if granted.fetch_add(1, Ordering::Relaxed) + 1 >= grants || start.elapsed() > budget
                 {
                     stop.store(true, Ordering::Relaxed);
@@ -85,7 +78,17 @@ pub async fn semaphore(
         t.await.expect("contender");
     }
     let elapsed = start.elapsed();
-    let mut out = stats(std::mem::take(&mut *samples.lock().await), elapsed);
+    let (mut grants_at, mut releases_at) = std::mem::take(&mut *events.lock().await);
+    grants_at.sort();
+    releases_at.sort_by_key(|(_, returned)| *returned);
+    let samples = grants_at
+        .iter()
+        .skip(permits as usize)
+        .zip(&releases_at)
+        .filter(|((_, asked), (releasing, _))| asked < releasing)
+        .map(|((at, _), (_, returned))| at.saturating_duration_since(*returned))
+        .collect();
+    let mut out = stats(samples, elapsed);
     out.per_sec = granted.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64();
     out
 }
