@@ -209,6 +209,47 @@ async fn a_far_waiter_timed_out_or_dropped_as_its_turn_nears_leaves_nothing() {
     }
 }
 
+/// A waiter further back than 16, far from its turn (following the two nearest on a watch of
+/// its own, or still putting its key or making that watch), dropped at any of those points or
+/// timed out: it leaves nothing queued, and the queue ahead of it passes and frees the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_waiter_timed_out_or_dropped_before_its_cue_leaves_nothing() {
+    let d = deploy("etcd", 1, false).await;
+    let q = Queue::new(&d, "far-ends").await;
+    let holder = taken(&q.clients[0], &q.name, &q.opts).await;
+    let mut waiting = Vec::new();
+    for i in 1..17 {
+        waiting.push(q.queue(i, Duration::from_secs(20)).await);
+    }
+    // 17 keys ahead of the last client: it is far.
+    let (c, n, o) = (q.clients[17].clone(), q.name.clone(), q.opts.clone());
+    for after in [0, 1, 3, 10, 50, 300] {
+        let (c, n, o) = (c.clone(), n.clone(), o.clone());
+        let far = tokio::spawn(async move { c.acquire(&n, &o, Duration::from_secs(20)).await });
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        far.abort();
+        assert!(
+            far.await.is_err_and(|e| e.is_cancelled()),
+            "the far waiter was granted or failed while 17 keys were ahead"
+        );
+        q.count_until(17).await;
+    }
+    let outcome = c.acquire(&n, &o, Duration::from_millis(300)).await;
+    assert!(
+        matches!(outcome, Err(LockError::Timeout { .. })),
+        "the far waiter got {outcome:?} while 17 keys were ahead"
+    );
+    q.count_until(17).await;
+    assert!(holder.release().await.expect("release"));
+    for t in waiting {
+        let lease = t.await.expect("join").expect("a waiter's grant");
+        assert!(lease.release().await.expect("release"));
+    }
+    q.count_until(0).await;
+    let free = c.try_acquire(&n, &o).await;
+    assert!(free.expect("free").release().await.expect("release"));
+}
+
 /// 18 clients queueing on one name of a member, and a client of its own to count and delete
 /// the name's keys.
 struct Queue {
