@@ -14,6 +14,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::config::EtcdOptions;
 use crate::keys::name_prefix;
+use crate::pace::Pace;
 use crate::session::Session;
 use crate::watches::{NameWatches, WatchSource};
 
@@ -61,6 +62,8 @@ pub(crate) struct Inner {
     /// keys too; one that changes nothing keeps it), so a gap of 2 between our released key's
     /// create revision and our new one proves a repeat grant (see [`RepeatGrant`]).
     pub(crate) repeat: RepeatGrant,
+    /// How fast this client's far waits came to their turn.
+    pub(crate) pace: Pace,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -131,6 +134,7 @@ impl EtcdBackend {
                 session: tokio::sync::Mutex::new(None),
                 sessions: Mutex::new(Vec::new()),
                 repeat: RepeatGrant::default(),
+                pace: Pace::default(),
                 watches: NameWatches::default(),
             }),
         })

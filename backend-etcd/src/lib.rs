@@ -59,6 +59,7 @@ mod election;
 mod guard;
 mod inspect;
 pub mod keys;
+mod pace;
 mod queue;
 mod session;
 mod try_acquire;

@@ -76,8 +76,11 @@ impl EtcdBackend {
                 .take(window(admission))
                 .collect();
             // Nothing is behind a key just put: the count less ours is what is ahead.
-            let whole = usize::try_from(got.count()).unwrap_or(0) <= keys.len() + 1;
-            return Ok((at, Ahead::new(admission, keys, whole, at)));
+            let count = usize::try_from(got.count()).unwrap_or(0);
+            let whole = count <= keys.len() + 1;
+            let mut ahead = Ahead::new(admission, keys, whole, at);
+            ahead.counted = count.saturating_sub(1);
+            return Ok((at, ahead));
         }
         match got.kvs().first() {
             Some(kv) if kv.value() == entry.as_bytes() => {
@@ -252,15 +255,20 @@ impl EtcdBackend {
             .finish()
             .await
             .ok_or_else(|| self.err_text("the enqueue ended without an answer"))?;
-        let (my_rev, ahead) = enqueued?;
+        let (my_rev, mut ahead) = enqueued?;
         if let Err(e) = admission.check_ahead(name.as_str(), ahead.keys.iter().map(|(_, l)| *l)) {
             queued.remove().await;
             return Err(e);
         }
         if !ahead.admitted() {
+            let (began, counted) = (Instant::now(), ahead.counted);
+            ahead.far &= self.inner.pace.turn_after_catch_up(counted);
             let waited = self
                 .wait_turn(&prefix, &key, my_rev, ahead, &session, deadline)
                 .await;
+            if matches!(waited, Ok(true)) && counted > window(admission) {
+                self.inner.pace.turn_came(began.elapsed(), counted);
+            }
             let outcome = match waited {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(self.err_text("our queue key or session died while waiting")),

@@ -60,9 +60,13 @@ pub(crate) struct Ahead {
     whole: bool,
     /// The wait follows `keys` on a watch of its own rather than the name's shared watch.
     keyed: bool,
-    /// More than [`NEAR`] keys were ahead when this view was read: the turn is at least that
-    /// many hand-overs away.
-    far: bool,
+    /// More than [`NEAR`] keys were ahead when this view was read, and the turn is not expected
+    /// before etcd's catch-up loop comes round ([`Pace`](crate::pace::Pace)): watches behind
+    /// the member may wait for it.
+    pub(crate) far: bool,
+    /// How many keys the read counted ahead of ours: all of them at an enqueue (nothing is
+    /// behind a key just put), at most that many later.
+    pub(crate) counted: usize,
     /// Our own key still exists (with our create revision).
     pub(crate) alive: bool,
     /// The newest revision at which a key left the view through a watch that may not have
@@ -84,12 +88,14 @@ impl Ahead {
         whole: bool,
         at: i64,
     ) -> Self {
+        let counted = keys.len();
         let ahead = Ahead {
             admission,
             keys,
             whole,
             keyed: false,
             far: !whole,
+            counted,
             alive: true,
             unsure: None,
             at: Some(at),
@@ -324,8 +330,9 @@ impl EtcdBackend {
     /// A watch that names a start revision behind the member's is served by its catch-up loop,
     /// up to 100 ms late: when writes landed since the view, a second watch of the key is made
     /// too, from now (in step unless a write lands while it is registered), and a delete seen
-    /// twice changes nothing the second time. For a view read more than [`NEAR`] from the head,
-    /// the second watches wait for the next read, and are not made after [`CATCH_UP`].
+    /// twice changes nothing the second time. For a view read more than [`NEAR`] from the head
+    /// whose turn is expected after the catch-up loop ([`Pace`](crate::pace::Pace)), the
+    /// second watches wait for the next read, and are not made after [`CATCH_UP`].
     async fn follow_keys(&self, entry: Entry<'_>, ahead: &mut Ahead) -> Result<bool> {
         let Entry { prefix, key, rev } = entry;
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
