@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{AcquireOptions, Lease, LockBackend, LockClient, LockError, LockName};
+use distlock::{
+    AcquireOptions, Lease, LockBackend, LockClient, LockError, LockName, RWLOCK_LOCK_PREFIX,
+};
 use distlock_api::{GrantKey, OwnerSecret};
 use distlock_conformance::deployments::etcd::{deploy, options};
 use distlock_etcd::{EtcdBackend, EtcdOptions};
@@ -151,7 +153,7 @@ async fn taken(locks: &LockClient, name: &str, opts: &AcquireOptions) -> distloc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_key_an_operator_deleted_with_the_one_ahead_is_not_granted() {
     let d = deploy("etcd", 1, false).await;
-    let mut q = Queue::new(&d, "cleared").await;
+    let mut q = Queue::new(&d, "cleared", false).await;
     // Each round has even odds to show the old order (eight rounds: all but certain).
     for round in 0..8 {
         let (nearest, last) = q.last_at_its_turn(Duration::from_secs(20)).await;
@@ -188,7 +190,7 @@ async fn a_waiter_whose_key_an_operator_deleted_with_the_one_ahead_is_not_grante
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_far_waiter_timed_out_or_dropped_as_its_turn_nears_leaves_nothing() {
     let d = deploy("etcd", 1, false).await;
-    let q = Queue::new(&d, "near-turn-ends").await;
+    let q = Queue::new(&d, "near-turn-ends", false).await;
     for dropped in [false, true] {
         // Long enough for the queue ahead to pass (a slow machine times it out sooner).
         let (nearest, last) = q.last_at_its_turn(Duration::from_secs(2)).await;
@@ -212,42 +214,78 @@ async fn a_far_waiter_timed_out_or_dropped_as_its_turn_nears_leaves_nothing() {
 /// A waiter further back than 16, far from its turn (following the two nearest on a watch of
 /// its own, or still putting its key or making that watch), dropped at any of those points or
 /// timed out: it leaves nothing queued, and the queue ahead of it passes and frees the lock.
+/// The same for a read-write lock's writer behind a writer and 16 readers (it waits for all).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_far_waiter_timed_out_or_dropped_before_its_cue_leaves_nothing() {
     let d = deploy("etcd", 1, false).await;
-    let q = Queue::new(&d, "far-ends").await;
-    let holder = taken(&q.clients[0], &q.name, &q.opts).await;
-    let mut waiting = Vec::new();
-    for i in 1..17 {
-        waiting.push(q.queue(i, Duration::from_secs(20)).await);
-    }
-    // 17 keys ahead of the last client: it is far.
-    let (c, n, o) = (q.clients[17].clone(), q.name.clone(), q.opts.clone());
-    for after in [0, 1, 3, 10, 50, 300] {
-        let (c, n, o) = (c.clone(), n.clone(), o.clone());
-        let far = tokio::spawn(async move { c.acquire(&n, &o, Duration::from_secs(20)).await });
-        tokio::time::sleep(Duration::from_millis(after)).await;
-        far.abort();
+    for (name, first, ahead, far) in [
+        ("far-ends", Entry::Lock, Entry::Lock, Entry::Lock),
+        ("far-writer", Entry::Write, Entry::Read, Entry::Write),
+    ] {
+        let q = Queue::new(&d, name, far == Entry::Write).await;
+        let holder = q.take(0, first, None).await.expect("free");
+        let mut waiting = Vec::new();
+        for i in 1..17 {
+            waiting.push(q.queue_as(i, ahead, Duration::from_secs(20)).await);
+        }
+        // 17 keys ahead of the last client: it is far.
+        for after in [0, 1, 3, 10, 50, 300] {
+            let gone = q.spawn(17, far, Duration::from_secs(20));
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            gone.abort();
+            assert!(
+                gone.await.is_err_and(|e| e.is_cancelled()),
+                "{name}: the far waiter was granted or failed while 17 keys were ahead"
+            );
+            q.count_until(17).await;
+        }
+        let outcome = q.take(17, far, Some(Duration::from_millis(300))).await;
         assert!(
-            far.await.is_err_and(|e| e.is_cancelled()),
-            "the far waiter was granted or failed while 17 keys were ahead"
+            matches!(outcome, Err(LockError::Timeout { .. })),
+            "{name}: the far waiter got {outcome:?} while 17 keys were ahead"
         );
         q.count_until(17).await;
+        assert!(holder.release().await.expect("release"));
+        for t in waiting {
+            let lease = t.await.expect("join").expect("a waiter's grant");
+            assert!(lease.release().await.expect("release"));
+        }
+        q.count_until(0).await;
+        let free = q.take(17, far, None).await;
+        assert!(free.expect("free").release().await.expect("release"));
     }
-    let outcome = c.acquire(&n, &o, Duration::from_millis(300)).await;
-    assert!(
-        matches!(outcome, Err(LockError::Timeout { .. })),
-        "the far waiter got {outcome:?} while 17 keys were ahead"
-    );
-    q.count_until(17).await;
-    assert!(holder.release().await.expect("release"));
-    for t in waiting {
-        let lease = t.await.expect("join").expect("a waiter's grant");
-        assert!(lease.release().await.expect("release"));
+}
+
+/// How a queue's client takes its name.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Entry {
+    Lock,
+    Read,
+    Write,
+}
+
+impl Entry {
+    async fn take(
+        self,
+        c: &LockClient,
+        name: &str,
+        opts: &AcquireOptions,
+        wait: Option<Duration>,
+    ) -> distlock::Result<Lease> {
+        if self == Entry::Lock {
+            return match wait {
+                Some(wait) => c.acquire(name, opts, wait).await,
+                None => c.try_acquire(name, opts).await,
+            };
+        }
+        let rw = c.rwlock(name)?.options(opts.clone());
+        match (self, wait) {
+            (Entry::Read, Some(wait)) => rw.read(wait).await,
+            (Entry::Read, None) => rw.try_read().await,
+            (_, Some(wait)) => rw.write(wait).await,
+            (_, None) => rw.try_write().await,
+        }
     }
-    q.count_until(0).await;
-    let free = c.try_acquire(&n, &o).await;
-    assert!(free.expect("free").release().await.expect("release"));
 }
 
 /// 18 clients queueing on one name of a member, and a client of its own to count and delete
@@ -261,10 +299,20 @@ struct Queue {
 }
 
 impl Queue {
-    async fn new(d: &distlock_conformance::deployments::etcd::EtcdDeployment, name: &str) -> Self {
+    /// The queue of lock `name`, or of read-write lock `name` if `rw`.
+    async fn new(
+        d: &distlock_conformance::deployments::etcd::EtcdDeployment,
+        name: &str,
+        rw: bool,
+    ) -> Self {
+        let stored = if rw {
+            format!("{RWLOCK_LOCK_PREFIX}{name}")
+        } else {
+            name.to_string()
+        };
         let prefix = distlock_etcd::keys::name_prefix(
             &options().prefix,
-            &LockName::new(name).expect("valid"),
+            &LockName::new(&stored).expect("valid"),
         );
         let admin = etcd_client::Client::connect(d.cluster.endpoints(), None)
             .await
@@ -319,14 +367,42 @@ impl Queue {
 
     /// Client `i` queues, waiting up to `wait`; returns once its key is the name's `i + 1`th.
     async fn queue(&self, i: usize, wait: Duration) -> JoinHandle<distlock::Result<Lease>> {
+        self.queue_as(i, Entry::Lock, wait).await
+    }
+
+    /// Client `i` queues as `entry`, waiting up to `wait`; returns once its key is the name's
+    /// `i + 1`th.
+    async fn queue_as(
+        &self,
+        i: usize,
+        entry: Entry,
+        wait: Duration,
+    ) -> JoinHandle<distlock::Result<Lease>> {
+        let waiting = self.spawn(i, entry, wait);
+        self.count_until(i + 1).await;
+        waiting
+    }
+
+    /// Client `i` takes the name as `entry` on a task of its own, waiting up to `wait`.
+    fn spawn(&self, i: usize, entry: Entry, wait: Duration) -> JoinHandle<distlock::Result<Lease>> {
         let (c, n, o) = (
             self.clients[i].clone(),
             self.name.clone(),
             self.opts.clone(),
         );
-        let waiting = tokio::spawn(async move { c.acquire(&n, &o, wait).await });
-        self.count_until(i + 1).await;
-        waiting
+        tokio::spawn(async move { entry.take(&c, &n, &o, Some(wait)).await })
+    }
+
+    /// Client `i` takes the name as `entry`, waiting up to `wait` (a try without).
+    async fn take(
+        &self,
+        i: usize,
+        entry: Entry,
+        wait: Option<Duration>,
+    ) -> distlock::Result<Lease> {
+        entry
+            .take(&self.clients[i], &self.name, &self.opts, wait)
+            .await
     }
 
     /// Waits until the name holds `n` keys.
