@@ -263,12 +263,12 @@ impl EtcdBackend {
         if !ahead.admitted() {
             let (began, counted) = (Instant::now(), ahead.counted);
             // Near waits (most) skip the pace's lock.
-            ahead.far = ahead.far && self.inner.pace.turn_after_catch_up(counted);
+            ahead.far = ahead.far && self.inner.pace.turn_after_catch_up(&prefix, counted);
             let waited = self
                 .wait_turn(&prefix, &key, my_rev, ahead, &session, deadline)
                 .await;
             if matches!(waited, Ok(true)) && counted > window(admission) {
-                self.inner.pace.turn_came(began.elapsed(), counted);
+                self.inner.pace.turn_came(&prefix, began.elapsed(), counted);
             }
             let outcome = match waited {
                 Ok(true) => Ok(()),

@@ -408,8 +408,8 @@ const CAUSES: [(&str, &[&str], &str); 7] = [
          the same run). Put off whenever more than 16 were ahead, a turn that came sooner than \
          that loop waited for it: 24 clients taking turns made 244 hand-overs/s at p99 53 ms, 32 \
          clients 323 at 40 ms (16 clients 589 at 0.8 ms); they are now put off only when the \
-         client's last far wait says the turn comes after the loop (none measured: more than \
-         100 ahead), and 24 clients make 512-563 at p99 2.4-2.9 ms, 32 clients 536-537 at \
+         client's last far wait on that name says the turn comes after the loop (none measured \
+         there: more than 100 ahead), and 24 clients make 512-563 at p99 2.4-2.9 ms, 32 clients 536-537 at \
          2.0-2.6 ms, 64 as before (0.84-0.89 x etcd's lock on loopback, 7.2-7.4 requests per \
          hand-over; two quick runs), 500 waiters 8.2 requests per hand-over (7.5). A far waiter whose own key went in one delete with the key ahead (an \
          operator's `del --prefix`) was granted, as etcd sends one revision's events to two \
