@@ -1,9 +1,10 @@
 //! One client, a process of its own: takes the run's name through the public facade from a
 //! backend URL, does the workload's work under it (see [`Workload`]), and releases. It checks its
 //! lease before each write, as a careful application does: what remains is the window no check
-//! can close. The new primitives' clients mix waits, waits with short timeouts, tries and waits
-//! dropped at a random point (the cancel path); the lock's clients wait, as they always did, so
-//! the lock's figures stay comparable across campaigns.
+//! can close. The new primitives' clients and the crowd's mix waits, waits with short timeouts,
+//! tries (not the crowd's: a try never queues) and waits dropped at a random point (the cancel
+//! path, in a crowd from any place in a long queue); the lock's five clients wait, as they always
+//! did, so the lock's figures stay comparable across campaigns.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -181,11 +182,12 @@ enum Ask {
     Drop(Duration),
 }
 
-fn pick_ask(election: bool) -> Ask {
+/// A random ask; a try only where `tries` (an election has none: a candidate campaigns; a
+/// crowd's clients are there to queue).
+fn pick_ask(tries: bool) -> Ask {
     let mut rng = rand::rng();
     match rng.random_range(0..10) {
-        // An election has no try: a candidate campaigns.
-        0 | 1 if !election => Ask::Try,
+        0 | 1 if tries => Ask::Try,
         2 | 3 => Ask::Short(Duration::from_millis(rng.random_range(1..300))),
         4 | 5 => Ask::Drop(Duration::from_millis(rng.random_range(0..150))),
         _ => Ask::Wait,
@@ -203,9 +205,9 @@ async fn acquire(
     seq: u64,
 ) -> Option<(Held, bool)> {
     let ask = match handle {
-        Handle::Lock => Ask::Wait,
-        Handle::Election(_) => pick_ask(true),
-        _ => pick_ask(false),
+        Handle::Lock if args.workload == Workload::Lock => Ask::Wait,
+        Handle::Lock | Handle::Election(_) => pick_ask(false),
+        _ => pick_ask(true),
     };
     let shared = match handle {
         Handle::Semaphore(_) => true,

@@ -131,7 +131,7 @@ fn main() {
 /// on each backend family (Redis, etcd, ZooKeeper; PostgreSQL's read-write lock, whose queue
 /// admits readers in batches) under a fault that reaches its holders or its waiters, and a
 /// crowd on etcd with clients killed (dead keys in a queue whose waiters follow keys of their
-/// own).
+/// own, and give up waits from any place in it).
 fn short_plan() -> Vec<Run> {
     use Deployment::*;
     use Nemesis::*;

@@ -125,7 +125,8 @@ fn title(workload: Workload) -> String {
         Workload::Lock => "Lock: 5 clients, the fenced register and the lock-set".into(),
         Workload::Crowd(n) => format!(
             "Crowd: a lock of {n} clients, the fenced register and the lock-set (a queue long \
-             enough that etcd's waiters follow keys of their own)"
+             enough that etcd's waiters follow keys of their own; some waits time out or are \
+             dropped, from any place in it)"
         ),
         Workload::Semaphore(n) => format!(
             "Semaphore of {n}: {} clients registering at the resource while they hold a permit",

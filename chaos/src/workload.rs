@@ -13,8 +13,10 @@ pub const NAME: &str = "chaos";
 pub enum Workload {
     /// Five clients take the lock, write the fenced register and add to the lock-set.
     Lock,
-    /// N clients do what the lock's do: a queue long enough that a backend may follow only the
-    /// nearest keys ahead (etcd's waiters further back than 16), under the same faults.
+    /// N clients do the lock's work under it: a queue long enough that a backend may follow
+    /// only the nearest keys ahead (etcd's waiters further back than 16), under the same faults.
+    /// They ask as the new primitives' clients do, tries apart: some waits time out or are
+    /// dropped, from any place in the queue.
     Crowd(u32),
     /// 2N + 1 clients take permits of a semaphore of N and register at the resource while they
     /// hold one.
