@@ -292,15 +292,9 @@ impl PostgresBackend {
     }
 
     /// A client error as a [`LockError`]: retryable when the connection failed or the server
-    /// asks to retry (serialization, deadlock, shutdown, too many connections).
+    /// asks to retry ([`retryable_state`]).
     pub(crate) fn error(&self, e: &tokio_postgres::Error) -> LockError {
-        let retryable = match e.code() {
-            None => true,
-            Some(code) => {
-                let c = code.code();
-                c.starts_with("40") || c.starts_with("08") || c.starts_with("57P") || c == "53300"
-            }
-        };
+        let retryable = e.code().is_none_or(|c| retryable_state(c.code()));
         LockError::backend(self.inner.server.clone(), retryable, describe(e))
     }
 
@@ -323,6 +317,16 @@ impl PostgresBackend {
             }
         }
     }
+}
+
+/// Whether a SQLSTATE says the same call may succeed later: a serialization failure or deadlock
+/// (class 40), a connection failure (08), a shutdown (57P), or a server out of resources (53:
+/// disk, memory, connections), which takes the call once it has room again, as every backend's
+/// full server does.
+fn retryable_state(code: &str) -> bool {
+    ["40", "08", "57P", "53"]
+        .iter()
+        .any(|c| code.starts_with(c))
 }
 
 /// The server's message with its SQLSTATE, or the client's error with its causes (a TLS
@@ -524,4 +528,21 @@ where
         notifier.wake_all();
     })
     .abort_handle()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retryable_state;
+
+    #[test]
+    fn a_full_server_is_worth_a_retry_and_a_bad_call_is_not() {
+        for code in [
+            "40001", "40P01", "08006", "57P01", "53100", "53200", "53300",
+        ] {
+            assert!(retryable_state(code), "{code}");
+        }
+        for code in ["42883", "23505", "P0001", "25006", "28P01"] {
+            assert!(!retryable_state(code), "{code}");
+        }
+    }
 }

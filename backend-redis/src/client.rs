@@ -312,12 +312,16 @@ async fn connecting(
         .map_err(|e| redis_error(server, e))
 }
 
+/// A client error as a [`LockError`]: retryable when the link failed, the client says to retry,
+/// or the server is out of memory (`OOM`: it takes the same call once it has room again, as
+/// every backend's full server does).
 pub(crate) fn redis_error(server: &str, e: RedisError) -> LockError {
     let retryable = e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || !matches!(e.retry_method(), RetryMethod::NoRetry);
+        || !matches!(e.retry_method(), RetryMethod::NoRetry)
+        || e.code() == Some("OOM");
     LockError::backend(server.to_string(), retryable, e)
 }
 

@@ -5,9 +5,9 @@ use std::time::Duration;
 use distlock::{AcquireOptions, LockClient, LockError, LockName};
 use distlock_conformance::Deployment;
 use distlock_conformance::deployments::etcd::{deploy, options};
-use distlock_conformance::harness::{Proxy, ProxyMode};
+use distlock_conformance::harness::{EtcdCluster, Proxy, ProxyMode};
 use distlock_etcd::{EtcdBackend, EtcdOptions, TxnOp};
-use etcd_client::GetOptions;
+use etcd_client::{AlarmAction, AlarmOptions, AlarmType, GetOptions};
 use tokio::time::{Instant, sleep};
 
 fn opts(ttl: Duration) -> AcquireOptions {
@@ -202,6 +202,129 @@ async fn compaction_while_waiting_leaves_no_stale_key() {
         .await
         .expect("get");
     assert!(leftovers.kvs().is_empty());
+}
+
+/// A member out of space: etcd 3.4 compacts nothing unless told to, so a busy name's revisions
+/// fill a stock member's 2 GiB quota, after which it raises `NOSPACE` and refuses every request
+/// that puts. A new acquire must then fail at once with etcd's reason, not wait out its deadline;
+/// a lock already held keeps its session (keep-alives are still served) and is released; a
+/// waiter already queued is granted, as a grant writes nothing; and once the operator compacts,
+/// defragments and disarms, locks are taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_out_of_space_refuses_new_locks_and_keeps_held_ones() {
+    let cluster = tokio::task::spawn_blocking(|| {
+        EtcdCluster::start_with_quota(4 << 20).expect("etcd with a 4 MiB quota")
+    })
+    .await
+    .expect("start");
+    let connect = || async {
+        let b = EtcdBackend::connect(&cluster.endpoints(), options())
+            .await
+            .expect("connect");
+        LockClient::new(std::sync::Arc::new(b))
+    };
+    let (holder, waiter) = (connect().await, connect().await);
+    // A client with its session made (its acquire's put is refused) and one without (its
+    // session's lease grant is refused).
+    let (newcomer, fresh) = (connect().await, connect().await);
+    let ttl = options().session_ttl;
+    let warm = newcomer
+        .try_acquire("space-2", &opts(ttl))
+        .await
+        .expect("acquire");
+    assert!(warm.release().await.expect("release"));
+    let held = holder
+        .try_acquire("space", &opts(ttl))
+        .await
+        .expect("acquire");
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire("space", &opts(ttl), Duration::from_secs(60))
+            .await
+    });
+    sleep(Duration::from_millis(300)).await;
+    let mut admin = fresh_admin(&cluster.endpoints()).await;
+    let full = async {
+        for i in 0..200 {
+            if let Err(e) = admin
+                .put(format!("fill/{i}"), vec![b'x'; 100_000], None)
+                .await
+            {
+                return e.to_string();
+            }
+        }
+        panic!("20 MB went into a member with a 4 MiB quota");
+    }
+    .await;
+    assert!(full.contains("database space exceeded"), "{full}");
+    // Well inside the wait's 60 s: an error etcd will repeat must not be waited out.
+    for client in [&newcomer, &fresh] {
+        let refused = tokio::time::timeout(
+            Duration::from_secs(20),
+            client.acquire("space-2", &opts(ttl), Duration::from_secs(60)),
+        )
+        .await
+        .expect("a new acquire on a full member waited");
+        match refused {
+            Err(e) => {
+                assert!(
+                    e.to_string().contains("database space exceeded"),
+                    "the refusal does not say why: {e}"
+                );
+                assert!(
+                    e.is_retryable(),
+                    "a full member's refusal is worth a retry: {e}"
+                );
+            }
+            Ok(_) => panic!("a full member granted a new lock"),
+        }
+    }
+    // Two session TTLs: the held lock's session is kept alive through the alarm.
+    sleep(ttl * 2).await;
+    assert!(
+        held.lost_reason().is_none(),
+        "lost on a full member: {:?}",
+        held.lost_reason()
+    );
+    assert!(held.release().await.expect("release on a full member"));
+    let got = waiting
+        .await
+        .expect("task")
+        .expect("the queued waiter is granted on a full member");
+    assert!(got.release().await.expect("release"));
+    // The operator's way out: delete what filled it (deletes are served), compact, defragment,
+    // disarm.
+    let rev = admin
+        .delete(
+            "fill/",
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect("delete")
+        .header()
+        .expect("header")
+        .revision();
+    admin.compact(rev, None).await.expect("compact");
+    admin.defragment().await.expect("defragment");
+    let alarms = admin
+        .alarm(AlarmAction::Get, AlarmType::None, None)
+        .await
+        .expect("alarms");
+    for a in alarms.alarms() {
+        let mut which = AlarmOptions::new();
+        which.with_member(a.member_id());
+        admin
+            .alarm(AlarmAction::Deactivate, a.alarm(), Some(which))
+            .await
+            .expect("disarm");
+    }
+    for (client, name) in [(&newcomer, "space-2"), (&fresh, "space")] {
+        let again = client
+            .try_acquire(name, &opts(ttl))
+            .await
+            .expect("a lock once the alarm is cleared");
+        assert!(again.release().await.expect("release"));
+    }
 }
 
 async fn fresh_admin(endpoints: &[String]) -> etcd_client::Client {

@@ -1,5 +1,6 @@
 //! Redis (one server, and a Cluster) under faults the conformance suite cannot express
-//! generically: one hung Cluster node, a script cache flushed on a slow link.
+//! generically: one hung Cluster node, a script cache flushed on a slow link, a dead waiter
+//! handed the lock, a server out of memory.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -213,5 +214,103 @@ async fn a_lock_handed_to_a_dead_waiter_is_free_once_its_liveness_runs_out() {
         .expect("task");
     if let Ok(lease) = outcome {
         let _ = lease.release().await;
+    }
+}
+
+/// A server at its `maxmemory` with `noeviction` (the policy the guide asks for: an evicting one
+/// would drop fence counters): it refuses every command that may grow its memory. A new acquire
+/// must then fail at once with the server's reason, not wait out its deadline; a lock already
+/// held is renewed and released, and its queued waiter ends (granted, or told why not) rather
+/// than waits; and once memory is freed, locks are taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_out_of_memory_refuses_new_locks_and_keeps_held_ones() {
+    // The limit is the setting this scenario varies (stock: none).
+    let server = start(|| {
+        RedisServer::start_with(
+            &["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"],
+            None,
+        )
+        .expect("redis with maxmemory")
+    })
+    .await;
+    let connect = || async {
+        LockClient::new(Arc::new(
+            RedisBackend::connect(&server.url(), options())
+                .await
+                .expect("connect"),
+        ))
+    };
+    let (holder, waiter, newcomer) = (connect().await, connect().await, connect().await);
+    let ttl = Duration::from_secs(2);
+    let opts = AcquireOptions::with_ttl(ttl);
+    let held = holder.try_acquire("oom", &opts).await.expect("acquire");
+    let o = opts.clone();
+    let waiting =
+        tokio::spawn(async move { waiter.acquire("oom", &o, Duration::from_secs(60)).await });
+    sleep(Duration::from_millis(300)).await;
+    let mut filled = 0;
+    while filled < 200 {
+        let r = server
+            .command(&format!("SETRANGE fill:{filled} 99999 x"))
+            .unwrap_or_default();
+        if r.starts_with("-OOM") {
+            break;
+        }
+        filled += 1;
+    }
+    assert!(
+        filled < 200,
+        "20 MB went into a server with 8 MB of maxmemory"
+    );
+    // Well inside the wait's 60 s: an error the server will repeat must not be waited out.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(20),
+        newcomer.acquire("oom-2", &opts, Duration::from_secs(60)),
+    )
+    .await
+    .expect("a new acquire on a full server waited");
+    match refused {
+        Err(e) => {
+            assert!(
+                e.to_string().contains("OOM"),
+                "the refusal does not say why: {e}"
+            );
+            assert!(
+                e.is_retryable(),
+                "a full server's refusal is worth a retry: {e}"
+            );
+        }
+        Ok(_) => panic!("a full server granted a new lock"),
+    }
+    // Two TTLs: the held lock is renewed on a full server.
+    sleep(ttl * 2).await;
+    assert!(
+        held.lost_reason().is_none(),
+        "lost on a full server: {:?}",
+        held.lost_reason()
+    );
+    assert!(held.release().await.expect("release on a full server"));
+    // A waiter refreshes its place in the queue, a write the full server refuses: it may be
+    // told so before the release reaches it.
+    let outcome = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the queued waiter ends")
+        .expect("task");
+    match outcome {
+        Ok(lease) => assert!(lease.release().await.expect("release")),
+        Err(e) => assert!(
+            e.to_string().contains("OOM") && e.is_retryable(),
+            "the waiter was told something else: {e}"
+        ),
+    }
+    for i in 0..=filled {
+        server.command(&format!("DEL fill:{i}"));
+    }
+    for name in ["oom", "oom-2"] {
+        let again = newcomer
+            .try_acquire(name, &opts)
+            .await
+            .expect("a lock once memory is freed");
+        assert!(again.release().await.expect("release"));
     }
 }

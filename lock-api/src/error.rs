@@ -143,7 +143,9 @@ pub enum LockError {
     Backend {
         /// The backend kind (`memory`, `redis`, ...), with the server address where known.
         backend: String,
-        /// Whether retrying the same operation can succeed.
+        /// Whether retrying the same operation can succeed: true on every backend for a link
+        /// that failed, a server that cannot serve now, and a server out of room (etcd's
+        /// `NOSPACE`, Redis's `OOM`, PostgreSQL's class 53), which takes the call once freed.
         retryable: bool,
         /// The underlying error.
         #[source]

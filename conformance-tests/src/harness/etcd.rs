@@ -39,7 +39,14 @@ impl EtcdCluster {
     /// port: [`EtcdCluster::isolate`] then cuts one member off from the others while its clients
     /// still reach it.
     pub fn start_with_peer_links(n: usize) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_once(n, None, true))
+        retry_port_clash(|| Self::start_once(n, None, true, None))
+    }
+
+    /// Like [`EtcdCluster::start`] with one member whose space quota is `bytes`
+    /// (`--quota-backend-bytes`), for scenarios that fill a member until it refuses writes (its
+    /// `NOSPACE` alarm) without writing a stock member's 2 GiB.
+    pub fn start_with_quota(bytes: u64) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(1, None, false, Some(bytes)))
     }
 
     /// Blackholes (`true`) or restores every peer link to and from member `i`: what others
@@ -73,13 +80,14 @@ impl EtcdCluster {
     }
 
     fn start_with(n: usize, tls: Option<&TlsFiles>) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_once(n, tls, false))
+        retry_port_clash(|| Self::start_once(n, tls, false, None))
     }
 
     fn start_once(
         n: usize,
         tls: Option<&TlsFiles>,
         peer_links: bool,
+        quota: Option<u64>,
     ) -> Result<Self, HarnessError> {
         require(BINARY, "etcd-server")?;
         let dir = TempDir::new("etcd").map_err(|source| HarnessError::Io {
@@ -136,11 +144,15 @@ impl EtcdCluster {
                 "--initial-cluster-state=new".into(),
                 "--initial-cluster-token=distlock-test".into(),
                 // Stock timing and gRPC keep-alive policy (users' servers run them): only
-                // addresses, the data dir, logging and TLS are set.
+                // addresses, the data dir, logging and TLS are set (and a space quota where a
+                // scenario fills the member: `start_with_quota`).
                 "--logger=zap".into(),
                 "--log-level=warn".into(),
             ];
             let mut args = args;
+            if let Some(bytes) = quota {
+                args.push(format!("--quota-backend-bytes={bytes}"));
+            }
             if let Some(t) = tls {
                 args.push(format!("--cert-file={}", t.cert.display()));
                 args.push(format!("--key-file={}", t.key.display()));
