@@ -12,9 +12,11 @@
 //! comes back only once its key is known deleted. So a sequence of acquires reuses one key
 //! instead of creating a new one each time, which matters: etcd keeps an index entry for every
 //! key ever created until a compaction (off by default), and a fresh key per acquire measured
-//! ~100 us slower per acquire + release. Since no other session writes keys with our lease id,
-//! and a slot is never reused while its key may exist, the key path alone identifies one
-//! grant: release is a plain delete. Not a secret: etcd access control decides who may delete.
+//! ~100 us slower per acquire + release; 100 000 such dead keys made every request on the
+//! member several times dearer (the guide's Operations section). No other session writes keys
+//! with our lease id, but a slot's key is reused, so a release compares the key's value too
+//! (`EtcdBackend::delete_ours`): a late delete finds the next attempt's value and leaves it. Not
+//! a secret: etcd access control decides who may delete.
 //!
 //! An attempt key's value is the attempt's secret, its limit and its holder
 //! (`<secret>[#<limit>]~<holder>`, [`distlock_api::HolderInfo`]); once its holder announces
