@@ -11,6 +11,7 @@ use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState}
 
 use crate::config::{NodeAcl, ZkOptions};
 use crate::paths::{Layout, lock_dir};
+use crate::probe::closing_server;
 use crate::session::Epoch;
 
 /// A lock client over a ZooKeeper ensemble: one session, shared by all its locks. Cheap to clone.
@@ -87,10 +88,32 @@ impl ZkBackend {
         if chroot.trim_matches('/').is_empty() {
             return Ok(());
         }
-        let client = self.call(self.connector().connect(hosts)).await?;
+        let client = self.new_session(hosts).await?;
         let chroot = format!("/{}", chroot.trim_matches('/'));
         self.create_path(&client, &chroot, CreateMode::Persistent)
             .await
+    }
+
+    /// A new session on `connect`. When none is made in time, says why if a server closes new
+    /// connections at once (see `probe.rs`) rather than only that none answered.
+    async fn new_session(&self, connect: &str) -> Result<Client> {
+        let e = match self.call(self.connector().connect(connect)).await {
+            Ok(client) => return Ok(client),
+            Err(e) if e.is_retryable() => e,
+            Err(e) => return Err(e),
+        };
+        let hosts = connect.split('/').next().unwrap_or(connect);
+        match closing_server(hosts).await {
+            Some(why) => Err(LockError::backend(
+                self.label(),
+                true,
+                format!(
+                    "no session within {:?}: {why}",
+                    self.inner.options.op_timeout
+                ),
+            )),
+            None => Err(e),
+        }
     }
 
     fn connector(&self) -> zookeeper_client::Connector {
@@ -192,9 +215,7 @@ impl ZkBackend {
                 _ => {}
             }
         }
-        let client = self
-            .call(self.connector().connect(&self.inner.connect))
-            .await?;
+        let client = self.new_session(&self.inner.connect).await?;
         self.inner.negotiated_ms.store(
             client.session_timeout().as_millis() as u64,
             Ordering::Relaxed,

@@ -44,6 +44,7 @@ mod election;
 mod guard;
 mod inspect;
 pub mod paths;
+mod probe;
 mod queue;
 mod session;
 mod try_acquire;

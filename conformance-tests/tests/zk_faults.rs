@@ -1,4 +1,4 @@
-//! ZooKeeper on a 3-node ensemble under faults (issue 7).
+//! ZooKeeper under faults: a 3-node ensemble's (issue 7), and a server past its connection cap.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use distlock::{AcquireOptions, LockBackend, LockClient, LockError, LockName};
 use distlock_conformance::Deployment;
 use distlock_conformance::deployments::zk::{deploy, options};
-use distlock_conformance::harness::{Proxy, ProxyMode};
+use distlock_conformance::harness::{Proxy, ProxyMode, ZkEnsemble};
 use distlock_zk::{OnDisconnect, ZkBackend, ZkOptions};
 use tokio::time::{Instant, sleep};
 
@@ -264,4 +264,51 @@ async fn a_holder_on_a_follower_cut_off_from_the_leader_is_told_before_another_i
     assert!(told_at <= won_at);
     ensemble.isolate(follower, false);
     assert!(won.release().await.expect("release"));
+}
+
+/// A host past a stock server's cap of 60 connections from one address (a cron host's 61st
+/// `distlock run`, each its own client): no session is made, and the client is told why, the
+/// server closing each new connection at once, not only that nothing answered. The 60 others
+/// keep working, and once one is gone the next client connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_past_the_servers_connection_cap_is_told_why() {
+    let zk = tokio::task::spawn_blocking(|| {
+        ZkEnsemble::start_with_stock_connection_cap().expect("zookeeper")
+    })
+    .await
+    .expect("start");
+    let o = ZkOptions {
+        op_timeout: Duration::from_secs(2),
+        ..options()
+    };
+    let at = zk.connect_string();
+    let connect = || ZkBackend::connect(&at, o.clone());
+    let mut clients = Vec::new();
+    for _ in 0..60 {
+        clients.push(connect().await.expect("one of 60 clients connects"));
+    }
+    let refused = connect()
+        .await
+        .expect_err("a 61st connection from one address");
+    let text = refused.to_string();
+    assert!(
+        text.contains("closes each new connection") && text.contains("maxClientCnxns"),
+        "the client is not told why: {text}"
+    );
+    assert!(refused.is_retryable(), "{text}");
+    let locks = LockClient::new(Arc::new(clients.pop().expect("a client")));
+    let lease = locks.try_acquire("capped", &opts()).await.expect("acquire");
+    assert!(lease.release().await.expect("release"));
+    drop(locks);
+    let late = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match connect().await {
+                Ok(client) => return client,
+                Err(_) => sleep(Duration::from_millis(200)).await,
+            }
+        }
+    })
+    .await
+    .expect("a client connects once another is gone");
+    drop((late, clients));
 }

@@ -31,14 +31,20 @@ impl ZkEnsemble {
     /// the harness reads (`srvr`, `mntr`), and no cap on connections per address (every client
     /// of the suite comes from loopback, where users' clients come from many hosts).
     pub fn start(n: usize) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_once(n, false))
+        retry_port_clash(|| Self::start_once(n, false, false))
+    }
+
+    /// Like [`ZkEnsemble::start`] with one server that keeps the stock cap of 60 connections
+    /// from one address (`maxClientCnxns`), for the scenario that passes it.
+    pub fn start_with_stock_connection_cap() -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(1, false, true))
     }
 
     /// Like [`ZkEnsemble::start`], with every peer link (node `i` dialling node `j`, quorum and
     /// election ports) through a [`Proxy`] of its own: [`ZkEnsemble::isolate`] then cuts one
     /// node off from the others while its clients still reach it.
     pub fn start_with_peer_links(n: usize) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_once(n, true))
+        retry_port_clash(|| Self::start_once(n, true, false))
     }
 
     /// Blackholes (`true`) or restores every peer link to and from node `i`.
@@ -58,7 +64,7 @@ impl ZkEnsemble {
         }
     }
 
-    fn start_once(n: usize, peer_links: bool) -> Result<Self, HarnessError> {
+    fn start_once(n: usize, peer_links: bool, stock_cap: bool) -> Result<Self, HarnessError> {
         require(JAVA, "default-jre-headless")?;
         require(JAR, "zookeeper")?;
         let dir = TempDir::new("zk").map_err(|source| HarnessError::Io {
@@ -95,9 +101,12 @@ impl ZkEnsemble {
             let mut cfg = format!(
                 "tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\n\
                  clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                 4lw.commands.whitelist=srvr,ruok,stat,mntr\nmaxClientCnxns=0\n",
+                 4lw.commands.whitelist=srvr,ruok,stat,mntr\n",
                 data.display()
             );
+            if !stock_cap {
+                cfg.push_str("maxClientCnxns=0\n");
+            }
             if n > 1 {
                 std::fs::write(data.join("myid"), format!("{}\n", i + 1)).map_err(io)?;
                 for (j, (p1, p2)) in dial[i].iter().enumerate() {
