@@ -101,8 +101,13 @@ impl EtcdBackend {
             .with_keep_alive(options.keepalive, options.op_timeout)
             .with_keep_alive_while_idle(false)
             .with_require_leader(true);
+        // etcd's auth token lapses (a stock member's after 300 s unused, a JWT at its TTL) while
+        // a lock is held or a client idles: authenticate again when etcd refuses it, or the
+        // release of a lock held that long is refused and the lock stays held.
         if let Some((user, password)) = &options.credentials {
-            connect = connect.with_user(user.clone(), password.clone());
+            connect = connect
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         if let Some(tls) = &options.tls {
             let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));

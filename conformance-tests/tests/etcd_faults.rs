@@ -213,7 +213,7 @@ async fn compaction_while_waiting_leaves_no_stale_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_out_of_space_refuses_new_locks_and_keeps_held_ones() {
     let cluster = tokio::task::spawn_blocking(|| {
-        EtcdCluster::start_with_quota(4 << 20).expect("etcd with a 4 MiB quota")
+        EtcdCluster::start_tuned("--quota-backend-bytes=4194304").expect("etcd with a 4 MiB quota")
     })
     .await
     .expect("start");
@@ -324,6 +324,84 @@ async fn a_member_out_of_space_refuses_new_locks_and_keeps_held_ones() {
             .await
             .expect("a lock once the alarm is cleared");
         assert!(again.release().await.expect("release"));
+    }
+}
+
+/// With auth on, etcd hands each client a token that lapses: a stock member's simple tokens
+/// after 300 s unused, JWTs after their TTL whatever the use. A holder that holds longer must
+/// still renew and release, and a client idle that long must still lock: the client
+/// authenticates again when etcd refuses its token. The lifetime is the setting varied here
+/// (2 s), so the test outlives it in seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_outlives_its_auth_token() {
+    let cluster = tokio::task::spawn_blocking(|| {
+        EtcdCluster::start_tuned("--auth-token-ttl=2").expect("etcd with 2 s auth tokens")
+    })
+    .await
+    .expect("start");
+    let endpoints = cluster.endpoints();
+    let mut admin = fresh_admin(&endpoints).await;
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("root role");
+    admin.role_add("app").await.expect("role");
+    admin
+        .role_grant_permission(
+            "app",
+            etcd_client::Permission::read_write("app/").with_prefix(),
+        )
+        .await
+        .expect("permission");
+    admin.user_add("app", "pw", None).await.expect("user");
+    admin.user_grant_role("app", "app").await.expect("grant");
+    admin.auth_enable().await.expect("auth on");
+    let connect = || async {
+        let o = EtcdOptions {
+            prefix: "app".into(),
+            credentials: Some(("app".into(), "pw".into())),
+            ..options()
+        };
+        let b = EtcdBackend::connect(&endpoints, o).await.expect("connect");
+        LockClient::new(std::sync::Arc::new(b))
+    };
+    let (holder, early, idle) = (connect().await, connect().await, connect().await);
+    let ttl = options().session_ttl;
+    let held = holder
+        .try_acquire("token", &opts(ttl))
+        .await
+        .expect("acquire");
+    // A waiter queued (and watching) before the token lapses, one after.
+    let wait = |client: LockClient| {
+        tokio::spawn(async move {
+            let lease = client
+                .acquire("token", &opts(ttl), Duration::from_secs(30))
+                .await?;
+            lease.release().await
+        })
+    };
+    let first = wait(early);
+    // Well past the token's 2 s, renewals keeping the session meanwhile.
+    sleep(Duration::from_secs(5)).await;
+    let second = wait(idle);
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        held.lost_reason().is_none(),
+        "lost past the token's lifetime: {:?}",
+        held.lost_reason()
+    );
+    assert!(
+        held.release()
+            .await
+            .expect("a release past the token's lifetime")
+    );
+    for (who, waiter) in [("early", first), ("late", second)] {
+        let released = waiter
+            .await
+            .expect("task")
+            .unwrap_or_else(|e| panic!("the {who} waiter past the token's lifetime: {e}"));
+        assert!(released, "the {who} waiter's lock was gone at its release");
     }
 }
 

@@ -42,11 +42,11 @@ impl EtcdCluster {
         retry_port_clash(|| Self::start_once(n, None, true, None))
     }
 
-    /// Like [`EtcdCluster::start`] with one member whose space quota is `bytes`
-    /// (`--quota-backend-bytes`), for scenarios that fill a member until it refuses writes (its
-    /// `NOSPACE` alarm) without writing a stock member's 2 GiB.
-    pub fn start_with_quota(bytes: u64) -> Result<Self, HarnessError> {
-        retry_port_clash(|| Self::start_once(1, None, false, Some(bytes)))
+    /// Like [`EtcdCluster::start`] with one member and one setting changed from stock
+    /// (`--flag=value`), for the scenario that varies it: a small space quota to fill, a short
+    /// auth token lifetime to outlive.
+    pub fn start_tuned(setting: &str) -> Result<Self, HarnessError> {
+        retry_port_clash(|| Self::start_once(1, None, false, Some(setting)))
     }
 
     /// Blackholes (`true`) or restores every peer link to and from member `i`: what others
@@ -87,7 +87,7 @@ impl EtcdCluster {
         n: usize,
         tls: Option<&TlsFiles>,
         peer_links: bool,
-        quota: Option<u64>,
+        tuned: Option<&str>,
     ) -> Result<Self, HarnessError> {
         require(BINARY, "etcd-server")?;
         let dir = TempDir::new("etcd").map_err(|source| HarnessError::Io {
@@ -144,14 +144,14 @@ impl EtcdCluster {
                 "--initial-cluster-state=new".into(),
                 "--initial-cluster-token=distlock-test".into(),
                 // Stock timing and gRPC keep-alive policy (users' servers run them): only
-                // addresses, the data dir, logging and TLS are set (and a space quota where a
-                // scenario fills the member: `start_with_quota`).
+                // addresses, the data dir, logging and TLS are set (and the one setting a
+                // scenario varies: `start_tuned`).
                 "--logger=zap".into(),
                 "--log-level=warn".into(),
             ];
             let mut args = args;
-            if let Some(bytes) = quota {
-                args.push(format!("--quota-backend-bytes={bytes}"));
+            if let Some(setting) = tuned {
+                args.push(setting.to_string());
             }
             if let Some(t) = tls {
                 args.push(format!("--cert-file={}", t.cert.display()));
