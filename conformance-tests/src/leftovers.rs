@@ -74,22 +74,27 @@ async fn members(admin: &mut impl ConnectionLike, key: impl redis::ToRedisArgs) 
 /// The keys under `name`'s prefix (holder and waiters alike) in etcd.
 ///
 /// # Panics
-/// When the cluster does not answer.
+/// When the cluster gives no answer within 30 s.
 pub async fn etcd(admin: &etcd_client::Client, prefix: &str, name: &LockName) -> usize {
     let range = distlock_etcd::keys::name_prefix(prefix, name);
-    let resp = admin
-        .clone()
-        .get(
-            range,
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .expect("count keys");
-    resp.count() as usize
+    let mut admin = admin.clone();
+    let options = || {
+        etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only()
+    };
+    // A cluster whose member was just let back from a partition may still change leaders
+    // ("leader changed", a member without one): ask again until it settles.
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match admin.get(range.as_str(), Some(options())).await {
+            Ok(resp) => return resp.count() as usize,
+            Err(_) if tokio::time::Instant::now() < until => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("count keys: {e}"),
+        }
+    }
 }
 
 /// The children of `name`'s queue node under `root` in ZooKeeper, read after a `sync` (the
