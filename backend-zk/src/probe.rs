@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -15,19 +16,25 @@ use tokio::time::timeout;
 /// a refusing one closes it as it accepts it.
 const SILENT: Duration = Duration::from_millis(500);
 
-/// The first server of `hosts` (`h1:p1,h2:p2`) that closes a new connection at once, and what
-/// that means; `None` when every server reachable keeps it open (or none is reachable).
+/// A server of `hosts` (`h1:p1,h2:p2`) that closes a new connection at once, and what that
+/// means; `None` when every server reachable keeps it open (or none is reachable). The servers
+/// are probed at once, so a failed connect waits [`SILENT`] more at most.
 pub(crate) async fn closing_server(hosts: &str) -> Option<String> {
-    for host in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
-        if closes_at_once(host).await {
-            return Some(format!(
-                "{host} closes each new connection before a word is said: ZooKeeper does so past \
-                 `maxClientCnxns` connections from one address (60 on a stock server; each \
-                 distlock client is one) and while it is not serving"
-            ));
-        }
-    }
-    None
+    let hosts: Vec<&str> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .collect();
+    let closing = join_all(hosts.iter().map(|h| closes_at_once(h))).await;
+    let host = hosts
+        .iter()
+        .zip(closing)
+        .find_map(|(h, c)| c.then_some(*h))?;
+    Some(format!(
+        "{host} closes each new connection before a word is said: ZooKeeper does so past \
+         `maxClientCnxns` connections from one address (60 on a stock server; each distlock \
+         client is one) and while it is not serving"
+    ))
 }
 
 async fn closes_at_once(host: &str) -> bool {
