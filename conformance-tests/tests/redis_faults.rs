@@ -218,10 +218,11 @@ async fn a_lock_handed_to_a_dead_waiter_is_free_once_its_liveness_runs_out() {
 }
 
 /// A server at its `maxmemory` with `noeviction` (the policy the guide asks for: an evicting one
-/// would drop fence counters): it refuses every command that may grow its memory. A new acquire
-/// must then fail at once with the server's reason, not wait out its deadline; a lock already
-/// held is renewed and released, and its queued waiter ends (granted, or told why not) rather
-/// than waits; and once memory is freed, locks are taken again.
+/// would drop fence counters): it refuses every command that may grow its memory, unless a
+/// script already wrote. A new acquire must then fail at once with the server's reason, not wait
+/// out its deadline; a release hands the lock on to its waiter; a lock already held is renewed
+/// and released, and a waiter whose refresh of its place comes first ends, told why, rather than
+/// waits; and once memory is freed, locks are taken again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_out_of_memory_refuses_new_locks_and_keeps_held_ones() {
     // The limit is the setting this scenario varies (stock: none).
@@ -247,6 +248,11 @@ async fn a_server_out_of_memory_refuses_new_locks_and_keeps_held_ones() {
     let o = opts.clone();
     let waiting =
         tokio::spawn(async move { waiter.acquire("oom", &o, Duration::from_secs(60)).await });
+    let (h2, w2) = (connect().await, connect().await);
+    let held2 = h2.try_acquire("oom-hand", &opts).await.expect("acquire");
+    let o = opts.clone();
+    let waiting2 =
+        tokio::spawn(async move { w2.acquire("oom-hand", &o, Duration::from_secs(60)).await });
     sleep(Duration::from_millis(300)).await;
     let mut filled = 0;
     while filled < 200 {
@@ -262,6 +268,15 @@ async fn a_server_out_of_memory_refuses_new_locks_and_keeps_held_ones() {
         filled < 200,
         "20 MB went into a server with 8 MB of maxmemory"
     );
+    // A release as the server fills hands the lock on all the same: a script that has written
+    // (its delete) may go on writing, so the grant is not refused.
+    assert!(held2.release().await.expect("a release on a full server"));
+    let granted = waiting2
+        .await
+        .expect("task")
+        .expect("the next waiter granted by a release on a full server");
+    assert!(granted.fencing_token().is_some());
+    assert!(granted.release().await.expect("release"));
     // Well inside the wait's 60 s: an error the server will repeat must not be waited out.
     let refused = tokio::time::timeout(
         Duration::from_secs(20),
