@@ -174,7 +174,8 @@ impl EtcdBackend {
     /// Runs `op` on a clone of `client` (one of ours), cut off after `op_timeout` in total. A
     /// transport failure (a member that is down, has no leader, reset the connection or timed
     /// out a proposal: [`transient`]) is retried meanwhile, so a request that the client routed
-    /// to a dead member goes to a live one. Every operation sent through here is safe to repeat:
+    /// to a dead member goes to a live one; a token etcd refuses as issued before its auth store
+    /// changed is replaced, once. Every operation sent through here is safe to repeat:
     /// reads, keep-alives, watches, and writes that are conditional on their own outcome (the
     /// enqueue finds its own key, a delete compares the key's value). The one exception, a lease
     /// grant, leaves at worst an unused lease that expires after its TTL.
@@ -186,12 +187,27 @@ impl EtcdBackend {
     {
         let deadline = Instant::now() + self.inner.options.op_timeout;
         let mut at_once = RETRIES_AT_ONCE;
+        let mut authenticated_again = false;
         // The last transient failure: when the time runs out in a retry, it says more than "no
         // answer" (an unreachable member's "connection refused", say).
         let mut last = None;
         loop {
             match timeout_at(deadline, op(client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
+                // etcd-client authenticates again on a lapsed token by itself, not on one issued
+                // before the auth store changed (JWTs carry its revision): once, here.
+                Ok(Err(e))
+                    if issued_before_auth_change(&e)
+                        && self.inner.options.credentials.is_some()
+                        && !authenticated_again =>
+                {
+                    authenticated_again = true;
+                    match timeout_at(deadline, self.inner.client.refresh_token()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(self.err(e)),
+                        Err(_) => return Err(self.err(e)),
+                    }
+                }
                 Ok(Err(e)) if transient(&e) && Instant::now() + RETRY_PAUSE < deadline => {
                     last = Some(e);
                     self.readd_members().await;
@@ -334,6 +350,13 @@ pub(crate) fn transient(e: &etcd_client::Error) -> bool {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         _ => false,
     }
+}
+
+/// etcd refused a token issued before its auth store last changed (a user or role added,
+/// a password changed): a new token is accepted.
+fn issued_before_auth_change(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() as i32 == 3 && s.message() == "etcdserver: revision of auth store is old")
 }
 
 fn etcd_error(endpoints: &str, e: etcd_client::Error) -> LockError {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use distlock::{AcquireOptions, LockClient, LockError, LockName};
 use distlock_conformance::Deployment;
 use distlock_conformance::deployments::etcd::{deploy, options};
-use distlock_conformance::harness::{EtcdCluster, Proxy, ProxyMode};
+use distlock_conformance::harness::{EtcdCluster, Proxy, ProxyMode, TempDir};
 use distlock_etcd::{EtcdBackend, EtcdOptions, TxnOp};
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, GetOptions};
 use tokio::time::{Instant, sleep};
@@ -340,32 +340,8 @@ async fn a_client_outlives_its_auth_token() {
     .await
     .expect("start");
     let endpoints = cluster.endpoints();
-    let mut admin = fresh_admin(&endpoints).await;
-    admin.user_add("root", "rootpw", None).await.expect("root");
-    admin
-        .user_grant_role("root", "root")
-        .await
-        .expect("root role");
-    admin.role_add("app").await.expect("role");
-    admin
-        .role_grant_permission(
-            "app",
-            etcd_client::Permission::read_write("app/").with_prefix(),
-        )
-        .await
-        .expect("permission");
-    admin.user_add("app", "pw", None).await.expect("user");
-    admin.user_grant_role("app", "app").await.expect("grant");
-    admin.auth_enable().await.expect("auth on");
-    let connect = || async {
-        let o = EtcdOptions {
-            prefix: "app".into(),
-            credentials: Some(("app".into(), "pw".into())),
-            ..options()
-        };
-        let b = EtcdBackend::connect(&endpoints, o).await.expect("connect");
-        LockClient::new(std::sync::Arc::new(b))
-    };
+    auth_on(&endpoints).await;
+    let connect = || connect_app(&endpoints);
     let (holder, early, idle) = (connect().await, connect().await, connect().await);
     let ttl = options().session_ttl;
     let held = holder
@@ -403,6 +379,119 @@ async fn a_client_outlives_its_auth_token() {
             .unwrap_or_else(|e| panic!("the {who} waiter past the token's lifetime: {e}"));
         assert!(released, "the {who} waiter's lock was gone at its release");
     }
+}
+
+/// With JWT tokens (etcd's advice for production), any change to the auth store (an operator
+/// adds a user) makes etcd refuse every token issued before it, "revision of auth store is old",
+/// however young. A holder must still release, a waiter queued before the change must still be
+/// granted, and its client must still lock: the client authenticates again. The token kind is
+/// the setting varied here (stock: simple tokens, which carry no revision).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_outlives_an_auth_store_change_with_jwt_tokens() {
+    let keys = TempDir::new("etcd-jwt").expect("temp dir");
+    let (private, public) = (keys.path().join("jwt.key"), keys.path().join("jwt.pub"));
+    for args in [
+        vec!["genrsa", "-out", path(&private), "2048"],
+        vec![
+            "rsa",
+            "-in",
+            path(&private),
+            "-pubout",
+            "-out",
+            path(&public),
+        ],
+    ] {
+        let made = std::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .expect("openssl");
+        assert!(made.status.success(), "openssl {args:?}: {made:?}");
+    }
+    let setting = format!(
+        "--auth-token=jwt,pub-key={},priv-key={},sign-method=RS256",
+        path(&public),
+        path(&private)
+    );
+    let cluster = tokio::task::spawn_blocking(move || {
+        EtcdCluster::start_tuned(&setting).expect("etcd with JWT tokens")
+    })
+    .await
+    .expect("start");
+    let endpoints = cluster.endpoints();
+    auth_on(&endpoints).await;
+    let (holder, waiter) = (connect_app(&endpoints).await, connect_app(&endpoints).await);
+    let ttl = options().session_ttl;
+    let held = holder
+        .try_acquire("jwt", &opts(ttl))
+        .await
+        .expect("acquire");
+    let waiting = tokio::spawn(async move {
+        let lease = waiter
+            .acquire("jwt", &opts(ttl), Duration::from_secs(30))
+            .await?;
+        lease.release().await
+    });
+    sleep(Duration::from_millis(300)).await;
+    let mut root = etcd_client::Client::connect(
+        &endpoints,
+        Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")),
+    )
+    .await
+    .expect("root");
+    root.user_add("another", "pw", None)
+        .await
+        .expect("another user");
+    assert!(
+        held.release()
+            .await
+            .expect("a release after the auth store changed")
+    );
+    let released = waiting
+        .await
+        .expect("task")
+        .expect("a waiter queued before the auth store changed");
+    assert!(released, "the waiter's lock was gone at its release");
+    let again = holder
+        .try_acquire("jwt", &opts(ttl))
+        .await
+        .expect("a lock after the auth store changed");
+    assert!(again.release().await.expect("release"));
+}
+
+fn path(p: &std::path::Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
+
+/// Turns auth on: a root user, and a user `app` (password `pw`) limited to the prefix `app/`.
+async fn auth_on(endpoints: &[String]) {
+    let mut admin = fresh_admin(endpoints).await;
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("root role");
+    admin.role_add("app").await.expect("role");
+    admin
+        .role_grant_permission(
+            "app",
+            etcd_client::Permission::read_write("app/").with_prefix(),
+        )
+        .await
+        .expect("permission");
+    admin.user_add("app", "pw", None).await.expect("user");
+    admin.user_grant_role("app", "app").await.expect("grant");
+    admin.auth_enable().await.expect("auth on");
+}
+
+/// A lock client as the user `auth_on` made.
+async fn connect_app(endpoints: &[String]) -> LockClient {
+    let o = EtcdOptions {
+        prefix: "app".into(),
+        credentials: Some(("app".into(), "pw".into())),
+        ..options()
+    };
+    let b = EtcdBackend::connect(endpoints, o).await.expect("connect");
+    LockClient::new(std::sync::Arc::new(b))
 }
 
 async fn fresh_admin(endpoints: &[String]) -> etcd_client::Client {
