@@ -575,7 +575,8 @@ async fn a_wait_past_the_clocks_range_is_no_panic() {
 
 /// The first hour's stumbles: each must not come back.
 /// * no backend anywhere: refused (exit 64), never a private in-process store;
-/// * a bad name is exit 64, said once and cut (not 200 KB of stderr);
+/// * a bad name is exit 64, said once and cut (not 200 KB of stderr); a `--ttl` past 584 years
+///   is exit 78, named;
 /// * `check` proves each backend answers (an unreachable etcd is exit 69, one line naming it);
 /// * a command under `distlock run` that runs `distlock` (or loads the configuration) is not
 ///   confused by the variables `run` set for it;
@@ -613,6 +614,19 @@ async fn an_operators_first_hour() {
         bad_name.stderr.len() < 1_000,
         "{} bytes of stderr for a bad name",
         bad_name.stderr.len()
+    );
+    // A TTL past what a lease counts (about 584 years) is refused naming it (exit 78), not cut
+    // short with a word about sessions.
+    let huge = Command::new(BIN)
+        .args(["--backend", "memory://cli", "run", "n", "--ttl"])
+        .args(["18446744073709551615s", "--", "true"])
+        .output()
+        .await
+        .expect("huge ttl");
+    assert_eq!(huge.status.code(), Some(78), "{huge:?}");
+    assert!(
+        String::from_utf8_lossy(&huge.stderr).contains("ttl = \"18446744073709551615s\""),
+        "{huge:?}"
     );
     let said = String::from_utf8_lossy(&unreachable.stderr);
     assert!(said.contains("127.0.0.1:1"), "{said}");

@@ -418,9 +418,7 @@ impl Lease {
     /// # Ok(()) }
     /// ```
     pub async fn renew(&self, ttl: Duration) -> Result<()> {
-        if ttl.is_zero() {
-            return Err(LockError::invalid_config("ttl", ttl, "must be above zero"));
-        }
+        crate::options::check_ttl(ttl)?;
         let ttl = self.shared.backend.lease_ttl(ttl);
         self.shared.margins.check(self.shared.mode, ttl)?;
         if let Some(reason) = self.lost_reason() {

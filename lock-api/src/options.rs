@@ -134,17 +134,12 @@ impl AcquireOptions {
     /// Checks the options before any I/O.
     ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] naming the option when the TTL is zero, the drift or lead
+    /// [`LockError::InvalidConfig`] naming the option when the TTL is zero or past what a lease
+    /// counts (`Duration::from_nanos(u64::MAX)`, about 584 years), the drift or lead
     /// factor is outside `[0, 0.5)`, the margins eat the whole TTL, or the renewal period is zero
     /// or not below the validity window.
     pub fn validate(&self) -> Result<()> {
-        if self.ttl.is_zero() {
-            return Err(LockError::invalid_config(
-                "ttl",
-                self.ttl,
-                "must be above zero",
-            ));
-        }
+        check_ttl(self.ttl)?;
         for (key, factor) in [
             ("drift_factor", self.drift_factor),
             ("lead_factor", self.lead_factor),
@@ -171,6 +166,25 @@ impl AcquireOptions {
     }
 }
 
+/// The longest TTL a lease counts, in `u64` nanoseconds (about 584 years): a longer one would be
+/// cut to it without a word.
+const MAX_TTL: Duration = Duration::from_nanos(u64::MAX);
+
+/// A TTL a lease can be asked for: above zero, at most [`MAX_TTL`].
+pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
+    if ttl.is_zero() {
+        return Err(LockError::invalid_config("ttl", ttl, "must be above zero"));
+    }
+    if ttl > MAX_TTL {
+        return Err(LockError::invalid_config(
+            "ttl",
+            ttl,
+            format!("must be at most {MAX_TTL:?} (about 584 years)"),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +193,10 @@ mod tests {
     fn bad_options_name_the_key() {
         let cases = [
             (AcquireOptions::with_ttl(Duration::ZERO), "ttl"),
+            (
+                AcquireOptions::with_ttl(MAX_TTL + Duration::from_nanos(1)),
+                "ttl",
+            ),
             (
                 AcquireOptions::with_ttl(Duration::from_secs(3))
                     .renew_every(Duration::from_secs(3)),
