@@ -1,6 +1,6 @@
 //! Redis (one server, and a Cluster) under faults the conformance suite cannot express
 //! generically: one hung Cluster node, a script cache flushed on a slow link, a dead waiter
-//! handed the lock, a server out of memory.
+//! handed the lock, a server out of memory, a slot resharded under a held lock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -310,4 +310,124 @@ async fn a_server_out_of_memory_refuses_new_locks_and_keeps_held_ones() {
             .expect("a lock once memory is freed");
         assert!(again.release().await.expect("release"));
     }
+}
+
+/// Moves `slot` from master `from` to master `to` as `redis-cli --cluster reshard` does: the
+/// target importing, the source migrating, the keys moved in one `MIGRATE`, then the slot
+/// assigned to the target on every node.
+async fn move_slot(cluster: &RedisCluster, slot: u16, (from, to): (usize, usize)) {
+    let id = |i: usize| {
+        cluster.nodes[i]
+            .command("CLUSTER MYID")
+            .and_then(|r| r.lines().nth(1).map(str::to_string))
+            .expect("node id")
+    };
+    let (from_id, to_id) = (id(from), id(to));
+    let setslot = |state: &str, id: &str| {
+        let mut c = redis::cmd("CLUSTER");
+        c.arg("SETSLOT").arg(slot).arg(state).arg(id);
+        c
+    };
+    let mut src = cluster.nodes[from].admin().await.expect("admin");
+    let mut dst = cluster.nodes[to].admin().await.expect("admin");
+    let _: () = setslot("IMPORTING", &from_id)
+        .query_async(&mut dst)
+        .await
+        .expect("importing");
+    let _: () = setslot("MIGRATING", &to_id)
+        .query_async(&mut src)
+        .await
+        .expect("migrating");
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query_async(&mut src)
+        .await
+        .expect("keys");
+    assert!(!keys.is_empty(), "nothing to move in slot {slot}");
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(cluster.nodes[to].port())
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query_async(&mut src)
+        .await
+        .expect("migrate");
+    for node in &cluster.nodes {
+        let mut c = node.admin().await.expect("admin");
+        let _: () = setslot("NODE", &to_id)
+            .query_async(&mut c)
+            .await
+            .expect("node");
+    }
+}
+
+/// A Cluster resharded under a held lock and its waiter: the holder keeps its lease through
+/// the move (its renewals follow the redirection), its release hands the lock on to the
+/// waiter on the new node, and the fencing counter moved with the lock (the next token is
+/// higher).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_and_its_waiter_move_with_their_slot() {
+    let cluster = start(|| RedisCluster::start(3).expect("cluster")).await;
+    let ttl = Duration::from_secs(1);
+    let opts = AcquireOptions::with_ttl(ttl);
+    let connect = || async {
+        let b: Arc<dyn LockBackend> = Arc::new(
+            RedisBackend::connect_cluster(&cluster.urls(), options())
+                .await
+                .expect("connect"),
+        );
+        LockClient::new(b)
+    };
+    let (a, b) = (connect().await, connect().await);
+    let held = a.try_acquire("moving", &opts).await.expect("acquire");
+    let waiter = tokio::spawn({
+        let opts = opts.clone();
+        async move { b.acquire("moving", &opts, Duration::from_secs(30)).await }
+    });
+    sleep(Duration::from_millis(300)).await;
+    let from = owner(&cluster, &held);
+    let to = (from + 1) % cluster.nodes.len();
+    let slot: u16 = {
+        let mut c = cluster.nodes[from].admin().await.expect("admin");
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(held.backend_key())
+            .query_async(&mut c)
+            .await
+            .expect("keyslot")
+    };
+    move_slot(&cluster, slot, (from, to)).await;
+    assert_eq!(owner(&cluster, &held), to, "the key did not move");
+    sleep(ttl * 2).await;
+    assert_eq!(
+        held.lost_reason(),
+        None,
+        "the holder lost its lease in the move"
+    );
+    assert!(
+        !waiter.is_finished(),
+        "the wait ended while the lock was held"
+    );
+    let token = held.fencing_token();
+    assert!(
+        held.release().await.expect("release"),
+        "release found nothing held"
+    );
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was not handed the lock")
+        .expect("join")
+        .expect("the waiter's acquire");
+    assert!(
+        next.fencing_token() > token,
+        "the token went back after the move"
+    );
+    sleep(ttl * 2).await;
+    assert_eq!(next.lost_reason(), None, "the new holder lost its lease");
+    assert!(next.release().await.expect("release"));
 }
