@@ -207,6 +207,13 @@ impl LockBackend for EtcdBackend {
         }
     }
 
+    /// A new client of the same endpoints with the same options.
+    async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
+        Ok(Arc::new(
+            EtcdBackend::connect(&self.inner.members, self.inner.options.clone()).await?,
+        ))
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         self.inspect_range(name).await
     }

@@ -50,7 +50,7 @@ pub(crate) struct Inner {
     pub(crate) options: EtcdOptions,
     pub(crate) endpoints: String,
     /// The endpoints as given, to put back into the client's balancer after transport errors.
-    members: Vec<String>,
+    pub(crate) members: Vec<String>,
     /// When they were last put back (at most once per [`READD_EVERY`]).
     readded: Mutex<Option<Instant>>,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,

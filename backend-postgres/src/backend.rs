@@ -1,5 +1,6 @@
 //! [`CAPABILITIES`] and the [`LockBackend`] impl: dispatch, batched renewal, release.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -138,6 +139,12 @@ impl LockBackend for PostgresBackend {
 
     async fn release(&self, key: &GrantKey) -> Result<bool> {
         self.release_entry(&key.name, &key.secret).await
+    }
+
+    async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
+        Ok(Arc::new(
+            PostgresBackend::connect(self.inner.options.clone()).await?,
+        ))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {

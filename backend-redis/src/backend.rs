@@ -157,6 +157,10 @@ impl LockBackend for RedisBackend {
         self.release_keys(&keys, &key.secret, Sent::Hash).await
     }
 
+    async fn reconnect(&self) -> Result<std::sync::Arc<dyn LockBackend>> {
+        Ok(std::sync::Arc::new(self.reconnected().await?))
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         if self.plain() {
             return self.plain_inspect(name).await;

@@ -31,6 +31,8 @@ pub struct RedisBackend {
     /// This client's turn channel, where its lock's waiters hear their grants.
     pub(crate) turns: Arc<TurnChannel>,
     pub(crate) options: RedisOptions,
+    /// What it was connected to, for [`RedisBackend::reconnected`].
+    pub(crate) topology: RedisTopology,
     pub(crate) server: String,
     /// On the plain layout, the keyspace channel prefix (`__keyspace@<db>__:`) when the server
     /// publishes the events a waiter needs (see `plain.rs`).
@@ -64,6 +66,15 @@ impl RedisBackend {
         }
     }
 
+    /// A new client of the same deployment with the same options: what
+    /// [`distlock_api::LockBackend::reconnect`] hands out.
+    ///
+    /// # Errors
+    /// Those of the constructor that made this one.
+    pub async fn reconnected(&self) -> Result<Self> {
+        Self::connect_to(&self.topology, self.options.clone()).await
+    }
+
     /// Connects to one server at `url`: `redis://[user:password@]host:port[/db]`, or
     /// `rediss://` for TLS (system roots, or [`RedisOptions::tls`]).
     ///
@@ -87,6 +98,7 @@ impl RedisBackend {
             notifier,
             turns: turn_channel(&options),
             options,
+            topology: RedisTopology::Single(url.to_string()),
             server,
             keyspace,
         })
@@ -128,6 +140,7 @@ impl RedisBackend {
             notifier,
             turns: turn_channel(&options),
             options,
+            topology: RedisTopology::Cluster(nodes.to_vec()),
             server,
             // Keyspace events are per node (Cluster) and per server (a Sentinel failover moves
             // to one whose settings may differ): waiters there poll.
@@ -192,6 +205,11 @@ impl RedisBackend {
             notifier,
             turns: turn_channel(&options),
             options,
+            topology: RedisTopology::Sentinel {
+                sentinels: sentinels.to_vec(),
+                service: service.to_string(),
+                node_auth: node_auth.map(str::to_string),
+            },
             server,
             // Keyspace events are per node (Cluster) and per server (a Sentinel failover moves
             // to one whose settings may differ): waiters there poll.

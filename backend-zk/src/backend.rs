@@ -1,6 +1,7 @@
 //! [`ZkBackend`]: the lock contract over a ZooKeeper ensemble.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -176,6 +177,13 @@ impl LockBackend for ZkBackend {
             epoch.end(distlock_api::LostReason::SessionLost);
             *current = None;
         }
+    }
+
+    /// A new session on the same servers with the same options.
+    async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
+        Ok(Arc::new(
+            ZkBackend::connect(&self.inner.connect, self.inner.options.clone()).await?,
+        ))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {

@@ -265,6 +265,18 @@ pub trait LockBackend: Debug + Send + Sync + 'static {
         let _ = key;
     }
 
+    /// A new client of the same servers with the same settings, made on the caller's runtime.
+    /// A lease whose runtime shut down before its background release ran (dropped at the end
+    /// of `#[tokio::main]`, say) is released through one, from a thread of the library: this
+    /// client's connections went with that runtime. The default refuses (`Unsupported`): such a
+    /// lease then stays until its TTL or session timeout.
+    async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
+        Err(LockError::Unsupported {
+            backend: self.kind(),
+            what: "a new client for a release after its runtime ended".to_string(),
+        })
+    }
+
     /// The holder and the waiters of `name`, read from the server without changing anything
     /// (no key, node or queue entry is written). The default refuses.
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {

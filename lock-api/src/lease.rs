@@ -12,6 +12,7 @@ use crate::backend::{GrantKey, LockBackend, Renewal};
 use crate::error::{LockError, LostReason, Result};
 use crate::fencing::FencingToken;
 use crate::guarantee::Guarantee;
+use crate::last_chance::LastChance;
 use crate::margins::{LeaseMode, Margins};
 use crate::name::LockName;
 use crate::owner::{HoldKey, Owner};
@@ -229,12 +230,16 @@ impl LeaseShared {
 
     /// Releases in a task of the lease's runtime, retrying as long as it fails: for `Drop`, a
     /// lost lease, and a `release` whose caller was cancelled, so nobody can cut it short.
+    /// A runtime that shuts down first drops the task unfinished (even unpolled: the guard is
+    /// made outside it); the release then runs elsewhere (`last_chance.rs`).
     fn spawn_release(self: Arc<Self>) {
         let rt = self.runtime.clone();
+        let last = LastChance::arm(self.backend.clone(), self.key.clone());
         rt.spawn(async move {
             if self.release_once().await.is_err() {
                 self.release_retrying().await;
             }
+            last.disarm();
         });
     }
 }

@@ -55,6 +55,7 @@ mod error;
 mod fencing;
 mod guarantee;
 mod holder;
+mod last_chance;
 mod leader;
 mod lease;
 mod margins;

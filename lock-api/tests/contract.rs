@@ -81,6 +81,9 @@ impl LockBackend for Probe {
     async fn abandon(&self, key: &GrantKey) {
         self.inner.abandon(key).await
     }
+    async fn reconnect(&self) -> distlock_api::Result<Arc<dyn LockBackend>> {
+        self.inner.reconnect().await
+    }
     async fn inspect(&self, name: &LockName) -> distlock_api::Result<LockStatus> {
         self.inner.inspect(name).await
     }
@@ -637,6 +640,35 @@ async fn dropped_lease_is_released_in_the_background() {
     b.try_acquire("bg", &AcquireOptions::with_ttl(TTL))
         .await
         .unwrap();
+}
+
+/// A lease still in scope as its runtime ends (the end of `#[tokio::main]`): the runtime drops
+/// the drop's background release unrun (a current-thread one never polls it), and the release
+/// runs on a new client before the runtime's drop returns, on either kind of runtime.
+#[test]
+fn a_lease_dropped_as_its_runtime_ends_is_released() {
+    let store = MemoryStore::new();
+    let long = AcquireOptions::with_ttl(Duration::from_secs(3600));
+    for threads in [false, true] {
+        let rt = if threads {
+            tokio::runtime::Builder::new_multi_thread()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+        }
+        .enable_all()
+        .build()
+        .unwrap();
+        rt.block_on(async {
+            let holder = LockClient::new(Arc::new(store.client()));
+            let _lease = holder.try_acquire("exit", &long).await.unwrap();
+        });
+        drop(rt);
+        assert_eq!(
+            store.artifacts(&name("exit")),
+            0,
+            "held after its runtime ended (threads: {threads})"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]

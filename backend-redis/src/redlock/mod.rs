@@ -52,7 +52,7 @@ use distlock_api::{
     Admission, Capabilities, Fencing, Grant, GrantKey, Guarantee, HolderInfo, HolderStatus,
     LockBackend, LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
 };
-use futures_util::future::join_all;
+use futures_util::future::{join_all, try_join_all};
 use tokio::time::Instant;
 
 use crate::client::RedisBackend;
@@ -312,6 +312,15 @@ impl LockBackend for RedlockBackend {
     /// Every node read at once: held while a majority holds (until the majority's shortest
     /// `PTTL` among the longest ones runs out), no token, by the holder a majority names (none
     /// when the nodes disagree, as in a split vote); the waiters queue on the arbiter.
+    /// Every node again, at once (all must answer, as at connect).
+    async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
+        let nodes = try_join_all(self.nodes.iter().map(RedisBackend::reconnected)).await?;
+        Ok(Arc::new(RedlockBackend {
+            nodes: Arc::new(nodes),
+            options: self.options.clone(),
+        }))
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let answers = join_all(self.nodes.iter().map(|n| n.inspect_lock(name))).await;
         let arbiter = self.arbiter(name);

@@ -5,6 +5,9 @@
 //! * `LOST <reason>` when its lost signal fires;
 //! * `WRITE <n>` every 50 ms: the write it would make to the protected resource with its token.
 //!
+//! On SIGTERM it returns from `main` with the lease still in scope, as a service shutting down
+//! does: the lease is dropped as the runtime ends.
+//!
 //! Usage: `distlock-holder <url> <lock name> <ttl ms> [<permits>]`; with `<permits>`, it takes
 //! a permit of the semaphore of that name and that many permits instead of the lock.
 
@@ -12,6 +15,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, LockClient};
+use tokio::signal::unix::{SignalKind, signal};
 
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -64,8 +68,14 @@ async fn main() {
         let reason = lost.wait().await;
         say(&format!("LOST {reason}"));
     });
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        eprintln!("cannot listen for SIGTERM");
+        std::process::exit(1);
+    };
     loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        say(&format!("WRITE {token}"));
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => say(&format!("WRITE {token}")),
+            _ = term.recv() => return,
+        }
     }
 }

@@ -130,6 +130,21 @@ impl HolderProcess {
         self.signal(libc::SIGCONT);
     }
 
+    /// SIGTERM, and waits up to `timeout` for it to exit (it returns from `main`); whether it
+    /// did. The lease it holds is dropped as its runtime ends.
+    pub fn terminate(&self, timeout: Duration) -> bool {
+        self.signal(libc::SIGTERM);
+        let until = Instant::now() + timeout;
+        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        while Instant::now() < until {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
     /// SIGKILL, and reap it.
     pub fn kill(&self) {
         let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());

@@ -162,6 +162,9 @@ impl LockBackend for Counting {
     async fn abandon(&self, key: &GrantKey) {
         self.inner.abandon(key).await
     }
+    async fn reconnect(&self) -> distlock_api::Result<Arc<dyn LockBackend>> {
+        self.inner.reconnect().await
+    }
     async fn inspect(&self, name: &LockName) -> distlock_api::Result<LockStatus> {
         self.inner.inspect(name).await
     }

@@ -9,11 +9,15 @@ use super::{client, opts, unique};
 use crate::deployment::Deployment;
 use crate::harness::HolderProcess;
 
-fn start_holder(d: &dyn Deployment, name: &str) -> (HolderProcess, Option<FencingToken>) {
+fn start_holder(
+    d: &dyn Deployment,
+    name: &str,
+    ttl: Duration,
+) -> (HolderProcess, Option<FencingToken>) {
     let url = d
         .url()
         .expect("gated on a deployment other processes can reach");
-    let holder = HolderProcess::start(&url, name, d.ttl()).unwrap_or_else(|e| panic!("{e}"));
+    let holder = HolderProcess::start(&url, name, ttl).unwrap_or_else(|e| panic!("{e}"));
     let token = holder
         .next_line("TOKEN ", Duration::from_secs(30))
         .expect("the holder process never reported its token");
@@ -25,7 +29,7 @@ fn start_holder(d: &dyn Deployment, name: &str) -> (HolderProcess, Option<Fencin
 /// while the new holder's write is accepted.
 pub async fn paused_holder_process_is_fenced_off(d: &dyn Deployment) {
     let name = unique("sigstop");
-    let (holder, old) = tokio::task::block_in_place(|| start_holder(d, &name));
+    let (holder, old) = tokio::task::block_in_place(|| start_holder(d, &name, d.ttl()));
     let old = old.expect("gated on fencing");
     holder.pause();
     let b = client(d).await;
@@ -62,11 +66,29 @@ pub async fn paused_holder_process_is_fenced_off(d: &dyn Deployment) {
     assert!(fresh.release().await.expect("release"));
 }
 
+/// A holder process that ends normally with its lease still in scope (SIGTERM: `main` returns
+/// and the runtime ends before the drop's background release ran): the lock is free as soon as
+/// the process is gone, not at its TTL or session timeout (the holder asks for a TTL far longer
+/// than this test waits).
+pub async fn a_holder_process_that_ends_holding_frees_the_lock_at_once(d: &dyn Deployment) {
+    let name = unique("sigterm");
+    let (holder, _) =
+        tokio::task::block_in_place(|| start_holder(d, &name, Duration::from_secs(60)));
+    let ended = tokio::task::block_in_place(|| holder.terminate(Duration::from_secs(10)));
+    assert!(ended, "the holder process did not end on SIGTERM");
+    let lease = client(d)
+        .await
+        .try_acquire(&name, &opts(d))
+        .await
+        .expect("the lock is still held after its holder process ended");
+    assert!(lease.release().await.expect("release"));
+}
+
 /// A holder process killed (SIGKILL) while holding: the lock is free within TTL + the backend's
 /// slack.
 pub async fn killed_holder_process_frees_the_lock(d: &dyn Deployment) {
     let name = unique("sigkill");
-    let (holder, old) = tokio::task::block_in_place(|| start_holder(d, &name));
+    let (holder, old) = tokio::task::block_in_place(|| start_holder(d, &name, d.ttl()));
     let killed = Instant::now();
     holder.kill();
     let b = client(d).await;

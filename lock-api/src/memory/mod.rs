@@ -339,6 +339,11 @@ impl LockBackend for MemoryBackend {
             .release(&key.resource, &key.secret, Instant::now()))
     }
 
+    /// Another client of the same store (the store lives in this process, on no runtime).
+    async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
+        Ok(Arc::new(self.clone()))
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         self.check_reachable()?;
         let now = Instant::now();
