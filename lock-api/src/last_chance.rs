@@ -5,25 +5,65 @@
 //! TTL or session timeout after a process that ended normally. So the task carries a
 //! [`LastChance`]: dropped unfinished, it has the release run on a thread of this module,
 //! through a new client of the same servers ([`LockBackend::reconnect`]), and waits for it up
-//! to [`WAIT`].
+//! to [`WAIT`]. The leases of one shutdown share that window: a process ending with thousands of
+//! leases in scope ends within it, each lease it did not reach left to its TTL.
 
-use std::sync::{Arc, OnceLock, Weak, mpsc};
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak, mpsc};
+// The standard clock, not tokio's: a runtime with a paused clock (tests) may be dropping the
+// task, and this module's thread runs on real time.
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::timeout;
 
 use crate::backend::{GrantKey, LockBackend};
 
-/// How long a dropped release waits here: a connect and a release are a few round trips; a
-/// server that cannot be reached within this leaves the lock to its TTL, as without this.
+/// How long the dropped releases of one shutdown wait here, together: a connect and a release
+/// are a few round trips; a server that cannot be reached within this leaves the lock to its
+/// TTL, as without this.
 const WAIT: Duration = Duration::from_secs(2);
+
+/// Jobs sent and not yet run.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+/// The current window: its end, and whether a lease was left to its TTL in it (said once).
+static WINDOW: Mutex<Option<(Instant, bool)>> = Mutex::new(None);
+
+/// Until when a job sent now may run: the current window, or a new one once the last has
+/// passed with nothing pending (another shutdown). `None` while a passed window still has jobs.
+fn window() -> Option<Instant> {
+    let now = Instant::now();
+    let mut window = WINDOW.lock().unwrap_or_else(|p| p.into_inner());
+    match *window {
+        Some((end, _)) if end > now => Some(end),
+        Some(_) if PENDING.load(Ordering::Acquire) > 0 => None,
+        _ => {
+            *window = Some((now + WAIT, false));
+            Some(now + WAIT)
+        }
+    }
+}
+
+/// Whether this is the window's first lease left to its TTL.
+fn first_left() -> bool {
+    let mut window = WINDOW.lock().unwrap_or_else(|p| p.into_inner());
+    match window.as_mut() {
+        Some((_, warned)) => !std::mem::replace(warned, true),
+        None => true,
+    }
+}
 
 struct Job {
     backend: Arc<dyn LockBackend>,
     key: GrantKey,
     until: Instant,
     done: mpsc::Sender<bool>,
+}
+
+impl Job {
+    fn left(&self) -> Duration {
+        self.until.saturating_duration_since(Instant::now())
+    }
 }
 
 /// Carried by a background release: dropped before [`LastChance::disarm`], it releases `key`
@@ -48,17 +88,25 @@ impl Drop for LastChance {
         };
         let name = key.name.clone();
         let (done, finished) = mpsc::channel();
-        let job = Job {
-            backend,
-            key,
-            until: Instant::now() + WAIT,
-            done,
-        };
-        // A blocking wait: this runs where the runtime drops its tasks, not in one of them.
-        let released = helper().is_some_and(|h| h.send(job).is_ok())
-            && finished.recv_timeout(WAIT).unwrap_or(false);
-        if !released {
-            tracing::warn!(lock = %name, "distlock: the runtime ended before a lease's release ran, and no new client released it; the lock stays until its TTL or session timeout");
+        let released = window().is_some_and(|until| {
+            let job = Job {
+                backend,
+                key,
+                until,
+                done,
+            };
+            PENDING.fetch_add(1, Ordering::AcqRel);
+            let sent = helper().is_some_and(|h| h.send(job).is_ok());
+            if !sent {
+                PENDING.fetch_sub(1, Ordering::AcqRel);
+            }
+            // A blocking wait: this runs where the runtime drops its tasks, not in one of them.
+            sent && finished
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+                .unwrap_or(false)
+        });
+        if !released && first_left() {
+            tracing::warn!(lock = %name, "distlock: the runtime ended before a lease's release ran, and no new client released it in time; the lock (and any other left in this shutdown) stays until its TTL or session timeout");
         }
     }
 }
@@ -101,7 +149,7 @@ async fn serve(mut queue: UnboundedReceiver<Job>) {
         let client = match known {
             Some(client) => client,
             None => {
-                let made = timeout_at(job.until, job.backend.reconnect())
+                let made = timeout(job.left(), job.backend.reconnect())
                     .await
                     .ok()
                     .and_then(Result::ok);
@@ -110,11 +158,12 @@ async fn serve(mut queue: UnboundedReceiver<Job>) {
             }
         };
         let released = match client {
-            Some(c) => timeout_at(job.until, c.release(&job.key))
+            Some(c) => timeout(job.left(), c.release(&job.key))
                 .await
                 .is_ok_and(|r| r.is_ok()),
             None => false,
         };
+        PENDING.fetch_sub(1, Ordering::AcqRel);
         let _ = job.done.send(released);
     }
 }
