@@ -209,9 +209,7 @@ impl LockBackend for EtcdBackend {
 
     /// A new client of the same endpoints with the same options.
     async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
-        Ok(Arc::new(
-            EtcdBackend::connect(&self.inner.members, self.inner.options.clone()).await?,
-        ))
+        Ok(Arc::new(self.reconnected().await?))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {

@@ -50,7 +50,7 @@ pub(crate) struct Inner {
     pub(crate) options: EtcdOptions,
     pub(crate) endpoints: String,
     /// The endpoints as given, to put back into the client's balancer after transport errors.
-    pub(crate) members: Vec<String>,
+    members: Vec<String>,
     /// When they were last put back (at most once per [`READD_EVERY`]).
     readded: Mutex<Option<Instant>>,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
@@ -230,6 +230,12 @@ impl EtcdBackend {
                 }
             }
         }
+    }
+
+    /// A new client of the same endpoints with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]).
+    pub(crate) async fn reconnected(&self) -> Result<Self> {
+        EtcdBackend::connect(&self.inner.members, self.inner.options.clone()).await
     }
 
     /// Deletes `key` if its value is `entry` (what the attempt wrote: its secret, or the secret

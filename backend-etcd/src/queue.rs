@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, FencingToken, Grant, GrantKey, HolderInfo, LockError, LockName, OwnerSecret,
-    RepeatPrior, Result,
+    Admission, FencingToken, Grant, GrantKey, HolderInfo, LastChance, LockError, LockName,
+    OwnerSecret, RepeatPrior, Result,
 };
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
@@ -429,7 +429,19 @@ impl Drop for QueuedKey {
             entry: std::mem::take(&mut self.entry),
             unsure: self.unsure,
         };
-        rt.spawn(async move { rest.delete(&key).await });
+        let last = LastChance::run({
+            let (b, key, entry) = (rest.backend.clone(), key.clone(), rest.entry.clone());
+            move || async move {
+                match b.reconnected().await {
+                    Ok(fresh) => fresh.delete_ours(&key, &entry).await.is_ok(),
+                    Err(_) => false,
+                }
+            }
+        });
+        rt.spawn(async move {
+            rest.delete(&key).await;
+            last.disarm();
+        });
     }
 }
 

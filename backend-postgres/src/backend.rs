@@ -142,9 +142,7 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
-        Ok(Arc::new(
-            PostgresBackend::connect(self.inner.options.clone()).await?,
-        ))
+        Ok(Arc::new(self.reconnected().await?))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {

@@ -88,6 +88,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl PostgresBackend {
+    /// A new client of the same server with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]).
+    pub(crate) async fn reconnected(&self) -> Result<Self> {
+        PostgresBackend::connect(self.inner.options.clone()).await
+    }
+
     /// Connects, reads what decides the grade, installs the layout if it is missing or of
     /// another version, and LISTENs on this client's channel.
     ///

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use distlock_api::{Admission, HolderInfo, LockName, OwnerSecret, Result};
+use distlock_api::{Admission, HolderInfo, LastChance, LockName, OwnerSecret, Result};
 use tokio_postgres::types::Type;
 
 use crate::client::PostgresBackend;
@@ -169,10 +169,20 @@ impl Drop for EntryGuard<'_> {
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (b, n, s) = (self.backend.clone(), self.name.clone(), self.secret.clone());
+            let last = LastChance::run({
+                let (b, n, s) = (b.clone(), n.clone(), s.clone());
+                move || async move {
+                    match b.reconnected().await {
+                        Ok(fresh) => fresh.release_entry(&n, &s).await.is_ok(),
+                        Err(_) => false,
+                    }
+                }
+            });
             rt.spawn(async move {
                 if let Err(error) = b.release_entry(&n, &s).await {
                     tracing::debug!(%error, "distlock postgres: clean-up failed; the entry's liveness will drop it");
                 }
+                last.disarm();
             });
         }
     }

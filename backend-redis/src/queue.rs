@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use distlock_api::{Admission, HolderInfo, LockError, OwnerSecret, Result};
+use distlock_api::{Admission, HolderInfo, LastChance, LockError, OwnerSecret, Result};
 
 use crate::client::RedisBackend;
 use crate::keys::{LockKeys, slot};
@@ -248,12 +248,25 @@ impl Drop for AttemptGuard<'_> {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
             let shared = self.shared;
-            rt.spawn(async move {
-                let _ = if shared {
+            let release = move |b: RedisBackend, k: LockKeys, s: OwnerSecret| async move {
+                if shared {
                     b.release_shared(&k, &s, Sent::Source).await
                 } else {
                     b.release_keys(&k, &s, Sent::Source).await
-                };
+                }
+            };
+            let last = LastChance::run({
+                let (b, k, s) = (b.clone(), k.clone(), s.clone());
+                move || async move {
+                    match b.reconnected().await {
+                        Ok(fresh) => release(fresh, k, s).await.is_ok(),
+                        Err(_) => false,
+                    }
+                }
+            });
+            rt.spawn(async move {
+                let _ = release(b, k, s).await;
+                last.disarm();
             });
         }
     }
@@ -319,7 +332,20 @@ impl Drop for QueueGuard<'_> {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (b, k) = (self.backend.clone(), self.keys.clone());
             let member = std::mem::take(&mut self.member);
-            rt.spawn(async move { b.leave_queue(&k, &member).await });
+            let last = LastChance::run({
+                let (b, k, member) = (b.clone(), k.clone(), member.clone());
+                move || async move {
+                    let Ok(fresh) = b.reconnected().await else {
+                        return false;
+                    };
+                    fresh.leave_queue(&k, &member).await;
+                    true
+                }
+            });
+            rt.spawn(async move {
+                b.leave_queue(&k, &member).await;
+                last.disarm();
+            });
         }
     }
 }

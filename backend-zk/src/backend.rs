@@ -179,11 +179,8 @@ impl LockBackend for ZkBackend {
         }
     }
 
-    /// A new session on the same servers with the same options.
     async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
-        Ok(Arc::new(
-            ZkBackend::connect(&self.inner.connect, self.inner.options.clone()).await?,
-        ))
+        Ok(Arc::new(self.reconnected().await?))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {

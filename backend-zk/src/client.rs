@@ -79,6 +79,12 @@ impl ZkBackend {
         Ok(backend)
     }
 
+    /// A new session on the same servers with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]).
+    pub(crate) async fn reconnected(&self) -> Result<Self> {
+        ZkBackend::connect(&self.inner.connect, self.inner.options.clone()).await
+    }
+
     /// A chroot (`host:port/app`) must exist before a client rooted in it can create anything:
     /// create it, as Curator does for its namespace, from a client without the chroot.
     async fn ensure_chroot(&self) -> Result<()> {

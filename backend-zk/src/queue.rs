@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, FencingToken, Grant, GrantKey, HolderInfo, LockError, LockName, OwnerSecret, Result,
+    Admission, FencingToken, Grant, GrantKey, HolderInfo, LastChance, LockError, LockName,
+    OwnerSecret, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
@@ -290,14 +291,14 @@ impl QueuedNode {
 }
 
 /// Deletes our node: `path` if the create returned, else whatever our session created with our
-/// protected prefix.
+/// protected prefix; whether it is gone.
 async fn cleanup(
     backend: &ZkBackend,
     epoch: &Epoch,
     dir: &str,
     secret: &OwnerSecret,
     path: Option<String>,
-) {
+) -> bool {
     for attempt in 0..CLEANUP_TRIES {
         let target = match &path {
             Some(p) => Ok(Some(p.clone())),
@@ -315,7 +316,7 @@ async fn cleanup(
             Err(_) => false,
         };
         if done {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
     }
@@ -323,6 +324,7 @@ async fn cleanup(
         dir,
         "distlock zookeeper: could not delete a queue node; the session will"
     );
+    false
 }
 
 impl Drop for QueuedNode {
@@ -340,6 +342,26 @@ impl Drop for QueuedNode {
             self.secret.clone(),
             self.path.take(),
         );
-        rt.spawn(async move { cleanup(&backend, &epoch, &dir, &secret, path).await });
+        // A new session finds no node by our session's id, so only a known path is deleted.
+        let last = LastChance::run({
+            let (backend, dir, secret, path) =
+                (backend.clone(), dir.clone(), secret.clone(), path.clone());
+            move || async move {
+                if path.is_none() {
+                    return false;
+                }
+                let Ok(fresh) = backend.reconnected().await else {
+                    return false;
+                };
+                let Ok(epoch) = fresh.epoch().await else {
+                    return false;
+                };
+                cleanup(&fresh, &epoch, &dir, &secret, path).await
+            }
+        });
+        rt.spawn(async move {
+            cleanup(&backend, &epoch, &dir, &secret, path).await;
+            last.disarm();
+        });
     }
 }

@@ -5,7 +5,8 @@
 //! TTL or session timeout after a process that ended normally. So the task carries a
 //! [`LastChance`]: dropped unfinished, it has the release run on a thread of this module,
 //! through a new client of the same servers ([`LockBackend::reconnect`]), and waits for it up
-//! to [`WAIT`]. The leases of one shutdown share that window: a process ending with thousands of
+//! to [`WAIT`]. A backend's own clean-up tasks (a cancelled wait leaving its queue) carry one
+//! too, with the clean-up to run ([`LastChance::run`]). The leases of one shutdown share that window: a process ending with thousands of
 //! leases in scope ends within it, each lease it did not reach left to its TTL.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak, mpsc};
 // task, and this module's thread runs on real time.
 use std::time::{Duration, Instant};
 
+use futures_util::future::BoxFuture;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::time::timeout;
 
@@ -53,9 +55,16 @@ fn first_left() -> bool {
     }
 }
 
+/// What a job does.
+enum Work {
+    /// A lease's release, on a new client of its backend.
+    Release(Arc<dyn LockBackend>, GrantKey),
+    /// A backend's clean-up, which makes the client it needs.
+    Run(Box<dyn FnOnce() -> BoxFuture<'static, bool> + Send>),
+}
+
 struct Job {
-    backend: Arc<dyn LockBackend>,
-    key: GrantKey,
+    work: Work,
     until: Instant,
     done: mpsc::Sender<bool>,
 }
@@ -66,35 +75,47 @@ impl Job {
     }
 }
 
-/// Carried by a background release: dropped before [`LastChance::disarm`], it releases `key`
-/// here.
-pub(crate) struct LastChance(Option<(Arc<dyn LockBackend>, GrantKey)>);
+/// Carried by a background task of a runtime that may shut down before the task finished:
+/// dropped before [`LastChance::disarm`], it runs the task's work on a thread of the library
+/// with a runtime of its own, and waits for it (the leases and clean-ups of one shutdown share
+/// a window of 2 s, so a process never ends more than that later for them); what that leaves
+/// undone is left to its TTL or session timeout, with a warning.
+pub struct LastChance(Option<Work>);
 
 impl LastChance {
-    pub(crate) fn arm(backend: Arc<dyn LockBackend>, key: GrantKey) -> Self {
-        LastChance(Some((backend, key)))
+    /// For a lease's background release.
+    pub(crate) fn release(backend: Arc<dyn LockBackend>, key: GrantKey) -> Self {
+        LastChance(Some(Work::Release(backend, key)))
     }
 
-    /// The release ran (or gave up) on its own runtime.
-    pub(crate) fn disarm(mut self) {
+    /// For a backend's background clean-up: `cleanup` makes the future to run instead, which
+    /// connects anew (the connections of the runtime that shut down went with it) and says
+    /// whether it did the work.
+    pub fn run<F>(cleanup: impl FnOnce() -> F + Send + 'static) -> Self
+    where
+        F: Future<Output = bool> + Send + 'static,
+    {
+        LastChance(Some(Work::Run(Box::new(move || Box::pin(cleanup())))))
+    }
+
+    /// The task did its work (or gave up on it) on its own runtime: nothing to do here.
+    pub fn disarm(mut self) {
         self.0 = None;
     }
 }
 
 impl Drop for LastChance {
     fn drop(&mut self) {
-        let Some((backend, key)) = self.0.take() else {
+        let Some(work) = self.0.take() else {
             return;
         };
-        let name = key.name.clone();
+        let what = match &work {
+            Work::Release(_, key) => format!("the release of {}", key.name),
+            Work::Run(_) => "a clean-up (a cancelled wait leaving its queue)".to_string(),
+        };
         let (done, finished) = mpsc::channel();
-        let released = window().is_some_and(|until| {
-            let job = Job {
-                backend,
-                key,
-                until,
-                done,
-            };
+        let ran = window().is_some_and(|until| {
+            let job = Job { work, until, done };
             PENDING.fetch_add(1, Ordering::AcqRel);
             let sent = helper().is_some_and(|h| h.send(job).is_ok());
             if !sent {
@@ -105,8 +126,10 @@ impl Drop for LastChance {
                 .recv_timeout(until.saturating_duration_since(Instant::now()))
                 .unwrap_or(false)
         });
-        if !released && first_left() {
-            tracing::warn!(lock = %name, "distlock: the runtime ended before a lease's release ran, and no new client released it in time; the lock (and any other left in this shutdown) stays until its TTL or session timeout");
+        if !ran && first_left() {
+            tracing::warn!(
+                "distlock: the runtime ended before {what} ran, and no new client did it in time; what it would free (and anything else left in this shutdown) stays until its TTL or session timeout"
+            );
         }
     }
 }
@@ -135,35 +158,45 @@ fn helper() -> Option<&'static UnboundedSender<Job>> {
         .as_ref()
 }
 
-/// Runs each job on a new client of its backend, made once per backend (`None`: it could not be
-/// made) and kept while that backend lives.
+/// Runs each job: a release on a new client of its backend, made once per backend (`None`: it
+/// could not be made) and kept while that backend lives; a clean-up as it is.
 async fn serve(mut queue: UnboundedReceiver<Job>) {
     type Client = Option<Arc<dyn LockBackend>>;
     let mut clients: Vec<(Weak<dyn LockBackend>, Client)> = Vec::new();
     while let Some(job) = queue.recv().await {
-        clients.retain(|(of, _)| of.strong_count() > 0);
-        let known = clients
-            .iter()
-            .find(|(of, _)| std::ptr::addr_eq(of.as_ptr(), Arc::as_ptr(&job.backend)))
-            .map(|(_, client)| client.clone());
-        let client = match known {
-            Some(client) => client,
-            None => {
-                let made = timeout(job.left(), job.backend.reconnect())
+        let left = job.left();
+        let ran = match job.work {
+            Work::Run(cleanup) => timeout(left, cleanup()).await.unwrap_or(false),
+            Work::Release(backend, key) => {
+                clients.retain(|(of, _)| of.strong_count() > 0);
+                let known = clients
+                    .iter()
+                    .find(|(of, _)| std::ptr::addr_eq(of.as_ptr(), Arc::as_ptr(&backend)))
+                    .map(|(_, client)| client.clone());
+                let until = job.until;
+                let client = match known {
+                    Some(client) => client,
+                    None => {
+                        let made = timeout(left, backend.reconnect())
+                            .await
+                            .ok()
+                            .and_then(Result::ok);
+                        clients.push((Arc::downgrade(&backend), made.clone()));
+                        made
+                    }
+                };
+                match client {
+                    Some(c) => timeout(
+                        until.saturating_duration_since(Instant::now()),
+                        c.release(&key),
+                    )
                     .await
-                    .ok()
-                    .and_then(Result::ok);
-                clients.push((Arc::downgrade(&job.backend), made.clone()));
-                made
+                    .is_ok_and(|r| r.is_ok()),
+                    None => false,
+                }
             }
         };
-        let released = match client {
-            Some(c) => timeout(job.left(), c.release(&job.key))
-                .await
-                .is_ok_and(|r| r.is_ok()),
-            None => false,
-        };
         PENDING.fetch_sub(1, Ordering::AcqRel);
-        let _ = job.done.send(released);
+        let _ = job.done.send(ran);
     }
 }

@@ -234,7 +234,7 @@ impl LeaseShared {
     /// made outside it); the release then runs elsewhere (`last_chance.rs`).
     fn spawn_release(self: Arc<Self>) {
         let rt = self.runtime.clone();
-        let last = LastChance::arm(self.backend.clone(), self.key.clone());
+        let last = LastChance::release(self.backend.clone(), self.key.clone());
         rt.spawn(async move {
             if self.release_once().await.is_err() {
                 self.release_retrying().await;

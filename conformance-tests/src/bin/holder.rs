@@ -5,8 +5,8 @@
 //! * `LOST <reason>` when its lost signal fires;
 //! * `WRITE <n>` every 50 ms: the write it would make to the protected resource with its token.
 //!
-//! On SIGTERM it returns from `main` with the lease still in scope, as a service shutting down
-//! does: the lease is dropped as the runtime ends.
+//! On SIGTERM it returns from `main`, as a service shutting down does: a wait is dropped there,
+//! and a held lease as the runtime ends.
 //!
 //! Usage: `distlock-holder <url> <lock name> <ttl ms> [<permits>]`; with `<permits>`, it takes
 //! a permit of the semaphore of that name and that many permits instead of the lock.
@@ -41,16 +41,26 @@ async fn main() {
             std::process::exit(1);
         }
     };
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        eprintln!("cannot listen for SIGTERM");
+        std::process::exit(1);
+    };
     let locks = LockClient::new(backend);
     let opts = AcquireOptions::with_ttl(Duration::from_millis(ttl));
     let wait = Duration::from_secs(30);
     let permits = args.get(4).and_then(|p| p.parse::<u32>().ok());
-    let acquired = match permits {
-        None => locks.acquire(name, &opts, wait).await,
-        Some(n) => match locks.semaphore(name, n) {
-            Ok(s) => s.options(opts).acquire(wait).await,
-            Err(e) => Err(e),
-        },
+    let acquire = async {
+        match permits {
+            None => locks.acquire(name, &opts, wait).await,
+            Some(n) => match locks.semaphore(name, n) {
+                Ok(s) => s.options(opts).acquire(wait).await,
+                Err(e) => Err(e),
+            },
+        }
+    };
+    let acquired = tokio::select! {
+        acquired = acquire => acquired,
+        _ = term.recv() => return,
     };
     let lease = match acquired {
         Ok(l) => l,
@@ -68,10 +78,6 @@ async fn main() {
         let reason = lost.wait().await;
         say(&format!("LOST {reason}"));
     });
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        eprintln!("cannot listen for SIGTERM");
-        std::process::exit(1);
-    };
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(50)) => say(&format!("WRITE {token}")),

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use distlock_api::{Fence, FencingToken};
+use distlock_api::{Fence, FencingToken, LockName};
 use tokio::time::Instant;
 
-use super::{client, opts, unique};
+use super::{client, eventually, opts, unique};
 use crate::deployment::Deployment;
 use crate::harness::HolderProcess;
 
@@ -74,13 +74,55 @@ pub async fn a_holder_process_that_ends_holding_frees_the_lock_at_once(d: &dyn D
     let name = unique("sigterm");
     let (holder, _) =
         tokio::task::block_in_place(|| start_holder(d, &name, Duration::from_secs(60)));
-    let ended = tokio::task::block_in_place(|| holder.terminate(Duration::from_secs(10)));
-    assert!(ended, "the holder process did not end on SIGTERM");
+    end(&holder);
+    take_at_once(
+        d,
+        &name,
+        "the lock is still held after its holder process ended",
+    )
+    .await;
+}
+
+/// A process that ends normally while it waits (SIGTERM: `main` returns, dropping the wait,
+/// and the runtime ends before the wait's background clean-up ran): its place in the queue goes
+/// with it, so the holder's release hands the lock to a newcomer at once, not once the dead
+/// waiter's liveness, session or TTL runs out. (Where waiters keep a place in a queue: FIFO.)
+pub async fn a_waiter_process_that_ends_waiting_leaves_nothing_queued(d: &dyn Deployment) {
+    let name = unique("sigterm-waiting");
+    let url = d
+        .url()
+        .expect("gated on a deployment other processes can reach");
+    let a = client(d).await;
+    let held = a.try_acquire(&name, &opts(d)).await.expect("acquire");
+    let waiter = tokio::task::block_in_place(|| {
+        HolderProcess::start(&url, &name, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"))
+    });
+    let lock = LockName::new(&name).expect("name");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            d.artifacts(&lock).await >= 2
+        })
+        .await,
+        "the waiter process never queued"
+    );
+    end(&waiter);
+    assert!(held.release().await.expect("release"));
+    take_at_once(d, &name, "the lock went to the waiter that ended").await;
+}
+
+/// SIGTERM, and the process returns from `main` within 10 s.
+fn end(process: &HolderProcess) {
+    let ended = tokio::task::block_in_place(|| process.terminate(Duration::from_secs(10)));
+    assert!(ended, "the process did not end on SIGTERM");
+}
+
+/// A new client takes `name` with a try (no wait): `busy` says what a refusal means.
+async fn take_at_once(d: &dyn Deployment, name: &str, busy: &str) {
     let lease = client(d)
         .await
-        .try_acquire(&name, &opts(d))
+        .try_acquire(name, &opts(d))
         .await
-        .expect("the lock is still held after its holder process ended");
+        .unwrap_or_else(|e| panic!("{busy}: {e}"));
     assert!(lease.release().await.expect("release"));
 }
 
