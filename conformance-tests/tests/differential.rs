@@ -322,10 +322,13 @@ async fn run(d: &dyn Deployment, ops: &[Op], policies: bool) -> Result<Vec<Seen>
             }
             Op::Drop { client, name } => match held.get_mut(&(client, name)).and_then(Vec::pop) {
                 Some(lease) => {
-                    let outer = held.get(&(client, name)).is_some_and(|l| !l.is_empty());
+                    // The grant's last hold: its background release lands before the next step.
+                    // (Not "the client holds nothing else on the name": a lease it kept past its
+                    // loss is another grant, and without the pause the next step raced the
+                    // release, Busy on the model and granted on a server.)
+                    let last_hold = lease.hold_count() == 1;
                     drop(lease);
-                    if !outer {
-                        // The background release lands before the next step.
+                    if last_hold {
                         tokio::time::sleep(SETTLE).await;
                     }
                     Seen::Released(true)
