@@ -66,12 +66,9 @@ impl RedisBackend {
         }
     }
 
-    /// A new client of the same deployment with the same options: what
-    /// [`distlock_api::LockBackend::reconnect`] hands out.
-    ///
-    /// # Errors
-    /// Those of the constructor that made this one.
-    pub async fn reconnected(&self) -> Result<Self> {
+    /// A new client of the same deployment with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]).
+    pub(crate) async fn reconnected(&self) -> Result<Self> {
         Self::connect_to(&self.topology, self.options.clone()).await
     }
 

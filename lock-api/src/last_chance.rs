@@ -4,10 +4,11 @@
 //! task unfinished, and the client's connections with it: the lock then stayed held until its
 //! TTL or session timeout after a process that ended normally. So the task carries a
 //! [`LastChance`]: dropped unfinished, it has the release run on a thread of this module,
-//! through a new client of the same servers ([`LockBackend::reconnect`]), and waits for it up
-//! to [`WAIT`]. A backend's own clean-up tasks (a cancelled wait leaving its queue) carry one
-//! too, with the clean-up to run ([`LastChance::run`]). The leases of one shutdown share that window: a process ending with thousands of
-//! leases in scope ends within it, each lease it did not reach left to its TTL.
+//! through a new client of the same servers ([`LockBackend::reconnect`]), and waits for it. A
+//! backend's own clean-up tasks (a cancelled wait leaving its queue) carry one too, with the
+//! clean-up to run ([`LastChance::run`]). The jobs of one shutdown share one window of
+//! [`WAIT`]: a process ending with thousands of leases in scope ends within it, each lease it
+//! did not reach left to its TTL.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak, mpsc};
@@ -134,7 +135,7 @@ impl Drop for LastChance {
     }
 }
 
-/// The thread that runs released jobs, started at the first (`None` if it cannot start).
+/// The thread that runs the jobs, started at the first (`None` if it cannot start).
 fn helper() -> Option<&'static UnboundedSender<Job>> {
     static HELPER: OnceLock<Option<UnboundedSender<Job>>> = OnceLock::new();
     HELPER

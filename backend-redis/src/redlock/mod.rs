@@ -309,9 +309,6 @@ impl LockBackend for RedlockBackend {
             >= self.quorum())
     }
 
-    /// Every node read at once: held while a majority holds (until the majority's shortest
-    /// `PTTL` among the longest ones runs out), no token, by the holder a majority names (none
-    /// when the nodes disagree, as in a split vote); the waiters queue on the arbiter.
     /// Every node again, at once (all must answer, as at connect).
     async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
         let nodes = try_join_all(self.nodes.iter().map(RedisBackend::reconnected)).await?;
@@ -321,6 +318,9 @@ impl LockBackend for RedlockBackend {
         }))
     }
 
+    /// Every node read at once: held while a majority holds (until the majority's shortest
+    /// `PTTL` among the longest ones runs out), no token, by the holder a majority names (none
+    /// when the nodes disagree, as in a split vote); the waiters queue on the arbiter.
     async fn inspect(&self, name: &LockName) -> Result<LockStatus> {
         let answers = join_all(self.nodes.iter().map(|n| n.inspect_lock(name))).await;
         let arbiter = self.arbiter(name);
