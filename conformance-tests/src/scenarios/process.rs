@@ -111,7 +111,7 @@ pub async fn a_waiter_process_that_ends_waiting_leaves_nothing_queued(d: &dyn De
 }
 
 /// SIGTERM, and the process returns from `main` within 10 s.
-fn end(process: &HolderProcess) {
+pub(crate) fn end(process: &HolderProcess) {
     let ended = tokio::task::block_in_place(|| process.terminate(Duration::from_secs(10)));
     assert!(ended, "the process did not end on SIGTERM");
 }

@@ -11,6 +11,7 @@ use distlock_api::{
 use rand::Rng;
 use tokio::time::{Instant, sleep, timeout};
 
+use super::process::end;
 use super::{client, eventually, opts, unique};
 use crate::deployment::Deployment;
 use crate::harness::HolderProcess;
@@ -121,20 +122,41 @@ pub async fn a_dead_holders_permit_returns(d: &dyn Deployment) {
     cut.restore();
 }
 
+/// A process holding the one permit of `name` (of 1) with `ttl`, once it said so.
+fn permit_holder(d: &dyn Deployment, name: &str, ttl: Duration) -> HolderProcess {
+    let url = d
+        .url()
+        .expect("gated on a deployment other processes can reach");
+    tokio::task::block_in_place(|| {
+        let h = HolderProcess::start_permit(&url, name, ttl, 1).unwrap_or_else(|e| panic!("{e}"));
+        h.next_line("TOKEN ", Duration::from_secs(30))
+            .expect("the holder process never reported its token");
+        h
+    })
+}
+
+/// A process that ends normally with its permit still in scope (SIGTERM: `main` returns and
+/// the runtime ends before the drop's background release ran): the permit is back as soon as
+/// the process is gone, not at its TTL or session timeout (it asks for a TTL far longer than
+/// this test waits).
+pub async fn a_permit_holder_process_that_ends_returns_its_permit_at_once(d: &dyn Deployment) {
+    let name = unique("semaphore-sigterm");
+    let holder = permit_holder(d, &name, Duration::from_secs(60));
+    let s = semaphore(d, &name, 1).await;
+    assert!(matches!(s.try_acquire().await, Err(LockError::Busy { .. })));
+    end(&holder);
+    let permit = s
+        .try_acquire()
+        .await
+        .expect("the permit is still taken after its holder process ended");
+    assert!(permit.release().await.expect("release"));
+}
+
 /// A permit holder process killed (SIGKILL: no release, no renewal, its session left to
 /// expire) gives its permit back within the TTL, to the waiter queued for it.
 pub async fn a_killed_holder_process_returns_its_permit(d: &dyn Deployment) {
     let name = unique("semaphore-sigkill");
-    let url = d
-        .url()
-        .expect("gated on a deployment other processes can reach");
-    let holder = tokio::task::block_in_place(|| {
-        let h =
-            HolderProcess::start_permit(&url, &name, d.ttl(), 1).unwrap_or_else(|e| panic!("{e}"));
-        h.next_line("TOKEN ", Duration::from_secs(30))
-            .expect("the holder process never reported its token");
-        h
-    });
+    let holder = permit_holder(d, &name, d.ttl());
     let s = semaphore(d, &name, 1).await;
     assert!(matches!(s.try_acquire().await, Err(LockError::Busy { .. })));
     let killed = Instant::now();
