@@ -177,6 +177,7 @@ macro_rules! for_each_scenario {
             a_dead_holders_permit_returns: [Need::Permits],
             a_killed_holder_process_returns_its_permit: [Need::Permits, Need::ServerProcess],
             a_permit_holder_process_that_ends_returns_its_permit_at_once: [Need::Permits, Need::ServerProcess],
+            a_permit_waiter_process_that_ends_waiting_leaves_nothing_queued: [Need::Permits, Need::ServerProcess],
             cancelled_permit_waiters_leave_nothing: [Need::Permits],
             cancelled_reader_and_writer_waits_leave_nothing: [Need::Policies],
             a_writer_behind_many_readers_timed_out_or_dropped_leaves_nothing: [Need::Policies],

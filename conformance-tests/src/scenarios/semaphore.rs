@@ -152,6 +152,38 @@ pub async fn a_permit_holder_process_that_ends_returns_its_permit_at_once(d: &dy
     assert!(permit.release().await.expect("release"));
 }
 
+/// A process that ends normally while it waits for a permit of a semaphore of 2 (SIGTERM:
+/// `main` returns, dropping the wait, and the runtime ends before the wait's clean-up ran): its
+/// entry goes with it, so a permit given back goes to a newcomer at once, not to the dead
+/// waiter until its liveness, session or TTL runs out.
+pub async fn a_permit_waiter_process_that_ends_waiting_leaves_nothing_queued(d: &dyn Deployment) {
+    let name = unique("semaphore-sigterm-waiting");
+    let url = d
+        .url()
+        .expect("gated on a deployment other processes can reach");
+    let s = semaphore(d, &name, 2).await;
+    let mut held = vec![
+        s.try_acquire().await.expect("permit"),
+        s.try_acquire().await.expect("permit"),
+    ];
+    let waiter = tokio::task::block_in_place(|| {
+        HolderProcess::start_permit(&url, &name, Duration::from_secs(60), 2)
+            .unwrap_or_else(|e| panic!("{e}"))
+    });
+    entries(d, &queue(SEMAPHORE_LOCK_PREFIX, &name), 3).await;
+    end(&waiter);
+    let back = held.pop().expect("a permit");
+    assert!(back.release().await.expect("release"));
+    held.push(
+        s.try_acquire()
+            .await
+            .expect("the permit given back went to the waiter that ended"),
+    );
+    for permit in held {
+        assert!(permit.release().await.expect("release"));
+    }
+}
+
 /// A permit holder process killed (SIGKILL: no release, no renewal, its session left to
 /// expire) gives its permit back within the TTL, to the waiter queued for it.
 pub async fn a_killed_holder_process_returns_its_permit(d: &dyn Deployment) {
