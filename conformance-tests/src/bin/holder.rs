@@ -8,8 +8,9 @@
 //! On SIGTERM it returns from `main`, as a service shutting down does: a wait is dropped there,
 //! and a held lease as the runtime ends.
 //!
-//! Usage: `distlock-holder <url> <lock name> <ttl ms> [<permits>]`; with `<permits>`, it takes
-//! a permit of the semaphore of that name and that many permits instead of the lock.
+//! Usage: `distlock-holder <url> <lock name> <ttl ms> [<permits> | read | write]`; with
+//! `<permits>`, it takes a permit of the semaphore of that name and that many permits instead
+//! of the lock; with `read` or `write`, it reads or writes the read-write lock of that name.
 
 use std::io::Write;
 use std::time::Duration;
@@ -31,7 +32,7 @@ async fn main() {
         args.get(2),
         args.get(3).and_then(|t| t.parse::<u64>().ok()),
     ) else {
-        eprintln!("usage: distlock-holder <url> <lock name> <ttl ms> [<permits>]");
+        eprintln!("usage: distlock-holder <url> <lock name> <ttl ms> [<permits> | read | write]");
         std::process::exit(2);
     };
     let backend = match distlock::connect(url).await {
@@ -48,14 +49,23 @@ async fn main() {
     let locks = LockClient::new(backend);
     let opts = AcquireOptions::with_ttl(Duration::from_millis(ttl));
     let wait = Duration::from_secs(30);
-    let permits = args.get(4).and_then(|p| p.parse::<u32>().ok());
+    let kind = args.get(4).map(String::as_str);
+    let permits = match kind {
+        None | Some("read" | "write") => None,
+        Some(n) => match n.parse::<u32>() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                eprintln!("permits {n:?}: {e}");
+                std::process::exit(2);
+            }
+        },
+    };
     let acquire = async {
-        match permits {
-            None => locks.acquire(name, &opts, wait).await,
-            Some(n) => match locks.semaphore(name, n) {
-                Ok(s) => s.options(opts).acquire(wait).await,
-                Err(e) => Err(e),
-            },
+        match (kind, permits) {
+            (None, _) => locks.acquire(name, &opts, wait).await,
+            (_, Some(n)) => locks.semaphore(name, n)?.options(opts).acquire(wait).await,
+            (Some("read"), _) => locks.rwlock(name)?.options(opts).read(wait).await,
+            (Some(_), None) => locks.rwlock(name)?.options(opts).write(wait).await,
         }
     };
     let acquired = tokio::select! {

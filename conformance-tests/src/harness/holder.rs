@@ -52,18 +52,30 @@ impl HolderProcess {
         ttl: Duration,
         permits: u32,
     ) -> Result<Self, HarnessError> {
-        Self::start_with(url, name, ttl, Some(permits))
+        Self::start_with(url, name, ttl, Some(permits.to_string()))
+    }
+
+    /// Starts the holder on `url` for the read-write lock `name` with `ttl`: to write when
+    /// `write`, else to read.
+    pub fn start_rw(
+        url: &str,
+        name: &str,
+        ttl: Duration,
+        write: bool,
+    ) -> Result<Self, HarnessError> {
+        let kind = if write { "write" } else { "read" };
+        Self::start_with(url, name, ttl, Some(kind.to_string()))
     }
 
     fn start_with(
         url: &str,
         name: &str,
         ttl: Duration,
-        permits: Option<u32>,
+        kind: Option<String>,
     ) -> Result<Self, HarnessError> {
         let mut cmd = Command::new(holder_binary()?);
         cmd.args([url, name, &ttl.as_millis().to_string()])
-            .args(permits.map(|n| n.to_string()))
+            .args(kind)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

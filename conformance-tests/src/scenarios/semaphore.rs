@@ -184,6 +184,58 @@ pub async fn a_permit_waiter_process_that_ends_waiting_leaves_nothing_queued(d: 
     }
 }
 
+/// Processes that end normally while they wait to read behind a writer, then to write behind
+/// a reader (SIGTERM: `main` returns, dropping the wait, and the runtime ends before the wait's
+/// clean-up ran): each one's entry goes with it. Another reader is admitted beside the reader at
+/// once (a writer left waiting would hold it back), and once the holder leaves, a newcomer of
+/// the other kind is admitted at once, not the dead waiter until its liveness, session or TTL
+/// runs out.
+pub async fn reader_and_writer_waiter_processes_that_end_waiting_leave_nothing_queued(
+    d: &dyn Deployment,
+) {
+    let name = unique("rwlock-sigterm-waiting");
+    let url = d
+        .url()
+        .expect("gated on a deployment other processes can reach");
+    let key = queue(RWLOCK_LOCK_PREFIX, &name);
+    let l = rwlock(d, &name).await;
+    for write in [false, true] {
+        let held = if write {
+            l.try_read().await.expect("read")
+        } else {
+            l.try_write().await.expect("write")
+        };
+        let waiter = tokio::task::block_in_place(|| {
+            HolderProcess::start_rw(&url, &name, Duration::from_secs(60), write)
+                .unwrap_or_else(|e| panic!("{e}"))
+        });
+        entries(d, &key, 2).await;
+        end(&waiter);
+        let other = if write {
+            let beside = l
+                .try_read()
+                .await
+                .expect("a reader held back by the writer that ended");
+            Some(beside)
+        } else {
+            None
+        };
+        for lease in other.into_iter().chain([held]) {
+            assert!(lease.release().await.expect("release"));
+        }
+        let next = if write {
+            l.try_read().await
+        } else {
+            l.try_write().await
+        };
+        let next = next.unwrap_or_else(|e| {
+            panic!("the lock went to the waiter that ended (writer: {write}): {e}")
+        });
+        assert!(next.release().await.expect("release"));
+    }
+    entries(d, &key, 0).await;
+}
+
 /// A permit holder process killed (SIGKILL: no release, no renewal, its session left to
 /// expire) gives its permit back within the TTL, to the waiter queued for it.
 pub async fn a_killed_holder_process_returns_its_permit(d: &dyn Deployment) {
