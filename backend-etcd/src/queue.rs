@@ -417,9 +417,6 @@ impl<T: Send + 'static> Drop for InFlight<T> {
 impl Drop for QueuedKey {
     fn drop(&mut self) {
         let Some(key) = self.key.take() else { return };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let rest = QueuedKey {
             backend: self.backend.clone(),
             session: self.session.clone(),
@@ -429,18 +426,12 @@ impl Drop for QueuedKey {
             entry: std::mem::take(&mut self.entry),
             unsure: self.unsure,
         };
-        let last = LastChance::run({
-            let (b, key, entry) = (rest.backend.clone(), key.clone(), rest.entry.clone());
-            move || async move {
-                match b.reconnected().await {
-                    Ok(fresh) => fresh.delete_ours(&key, &entry).await.is_ok(),
-                    Err(_) => false,
-                }
-            }
-        });
-        rt.spawn(async move {
-            rest.delete(&key).await;
-            last.disarm();
+        let (b, fkey, entry) = (rest.backend.clone(), key.clone(), rest.entry.clone());
+        LastChance::spawn(async move { rest.delete(&key).await }, move || async move {
+            let Ok(fresh) = b.reconnected().await else {
+                return false;
+            };
+            fresh.delete_ours(&fkey, &entry).await.is_ok()
         });
     }
 }

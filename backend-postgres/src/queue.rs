@@ -167,23 +167,20 @@ impl Drop for EntryGuard<'_> {
         if !self.armed {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (b, n, s) = (self.backend.clone(), self.name.clone(), self.secret.clone());
-            let last = LastChance::run({
-                let (b, n, s) = (b.clone(), n.clone(), s.clone());
-                move || async move {
-                    match b.reconnected().await {
-                        Ok(fresh) => fresh.release_entry(&n, &s).await.is_ok(),
-                        Err(_) => false,
-                    }
-                }
-            });
-            rt.spawn(async move {
+        let (b, n, s) = (self.backend.clone(), self.name.clone(), self.secret.clone());
+        let now = {
+            let (b, n, s) = (b.clone(), n.clone(), s.clone());
+            async move {
                 if let Err(error) = b.release_entry(&n, &s).await {
                     tracing::debug!(%error, "distlock postgres: clean-up failed; the entry's liveness will drop it");
                 }
-                last.disarm();
-            });
-        }
+            }
+        };
+        LastChance::spawn(now, move || async move {
+            let Ok(fresh) = b.reconnected().await else {
+                return false;
+            };
+            fresh.release_entry(&n, &s).await.is_ok()
+        });
     }
 }

@@ -245,30 +245,22 @@ impl Drop for AttemptGuard<'_> {
         if !self.armed {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
-            let shared = self.shared;
-            let release = move |b: RedisBackend, k: LockKeys, s: OwnerSecret| async move {
-                if shared {
-                    b.release_shared(&k, &s, Sent::Source).await
-                } else {
-                    b.release_keys(&k, &s, Sent::Source).await
-                }
+        let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
+        let shared = self.shared;
+        let release = move |b: RedisBackend, k: LockKeys, s: OwnerSecret| async move {
+            if shared {
+                b.release_shared(&k, &s, Sent::Source).await
+            } else {
+                b.release_keys(&k, &s, Sent::Source).await
+            }
+        };
+        let now = release(b.clone(), k.clone(), s.clone());
+        LastChance::spawn(now, move || async move {
+            let Ok(fresh) = b.reconnected().await else {
+                return false;
             };
-            let last = LastChance::run({
-                let (b, k, s) = (b.clone(), k.clone(), s.clone());
-                move || async move {
-                    match b.reconnected().await {
-                        Ok(fresh) => release(fresh, k, s).await.is_ok(),
-                        Err(_) => false,
-                    }
-                }
-            });
-            rt.spawn(async move {
-                let _ = release(b, k, s).await;
-                last.disarm();
-            });
-        }
+            release(fresh, k, s).await.is_ok()
+        });
     }
 }
 
@@ -329,23 +321,18 @@ impl Drop for QueueGuard<'_> {
         if !self.armed {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (b, k) = (self.backend.clone(), self.keys.clone());
-            let member = std::mem::take(&mut self.member);
-            let last = LastChance::run({
-                let (b, k, member) = (b.clone(), k.clone(), member.clone());
-                move || async move {
-                    let Ok(fresh) = b.reconnected().await else {
-                        return false;
-                    };
-                    fresh.leave_queue(&k, &member).await;
-                    true
-                }
-            });
-            rt.spawn(async move {
-                b.leave_queue(&k, &member).await;
-                last.disarm();
-            });
-        }
+        let (b, k) = (self.backend.clone(), self.keys.clone());
+        let member = std::mem::take(&mut self.member);
+        let now = {
+            let (b, k, member) = (b.clone(), k.clone(), member.clone());
+            async move { b.leave_queue(&k, &member).await }
+        };
+        LastChance::spawn(now, move || async move {
+            let Ok(fresh) = b.reconnected().await else {
+                return false;
+            };
+            fresh.leave_queue(&k, &member).await;
+            true
+        });
     }
 }

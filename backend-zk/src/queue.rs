@@ -332,9 +332,6 @@ impl Drop for QueuedNode {
         if !self.armed {
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let (backend, epoch, dir, secret, path) = (
             self.backend.clone(),
             self.epoch.clone(),
@@ -343,25 +340,22 @@ impl Drop for QueuedNode {
             self.path.take(),
         );
         // A new session finds no node by our session's id, so only a known path is deleted.
-        let last = LastChance::run({
+        let now = {
             let (backend, dir, secret, path) =
                 (backend.clone(), dir.clone(), secret.clone(), path.clone());
-            move || async move {
-                if path.is_none() {
-                    return false;
-                }
-                let Ok(fresh) = backend.reconnected().await else {
-                    return false;
-                };
-                let Ok(epoch) = fresh.epoch().await else {
-                    return false;
-                };
-                cleanup(&fresh, &epoch, &dir, &secret, path).await
+            async move { cleanup(&backend, &epoch, &dir, &secret, path).await }
+        };
+        LastChance::spawn(now, move || async move {
+            if path.is_none() {
+                return false;
             }
-        });
-        rt.spawn(async move {
-            cleanup(&backend, &epoch, &dir, &secret, path).await;
-            last.disarm();
+            let Ok(fresh) = backend.reconnected().await else {
+                return false;
+            };
+            let Ok(epoch) = fresh.epoch().await else {
+                return false;
+            };
+            cleanup(&fresh, &epoch, &dir, &secret, path).await
         });
     }
 }

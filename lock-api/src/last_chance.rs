@@ -6,7 +6,7 @@
 //! [`LastChance`]: dropped unfinished, it has the release run on a thread of this module,
 //! through a new client of the same servers ([`LockBackend::reconnect`]), and waits for it. A
 //! backend's own clean-up tasks (a cancelled wait leaving its queue) carry one too, with the
-//! clean-up to run ([`LastChance::run`]). The jobs of one shutdown share one window of
+//! clean-up to run ([`LastChance::spawn`]). The jobs of one shutdown share one window of
 //! [`WAIT`]: a process ending with thousands of leases in scope ends within it, each lease it
 //! did not reach left to its TTL.
 
@@ -77,7 +77,7 @@ impl Job {
 }
 
 /// Carried by a background task of a runtime that may shut down before the task finished:
-/// dropped before [`LastChance::disarm`], it runs the task's work on a thread of the library
+/// dropped before the task did its work, it runs the task's work on a thread of the library
 /// with a runtime of its own, and waits for it (the leases and clean-ups of one shutdown share
 /// a window of 2 s, so a process never ends more than that later for them); what that leaves
 /// undone is left to its TTL or session timeout, with a warning.
@@ -89,18 +89,27 @@ impl LastChance {
         LastChance(Some(Work::Release(backend, key)))
     }
 
-    /// For a backend's background clean-up: `cleanup` makes the future to run instead, which
-    /// connects anew (the connections of the runtime that shut down went with it) and says
-    /// whether it did the work.
-    pub fn run<F>(cleanup: impl FnOnce() -> F + Send + 'static) -> Self
+    /// A backend's background clean-up: `now` runs on the current runtime, on the connections
+    /// the backend has. Should that runtime shut down before `now` finished, or should there be
+    /// no runtime here, `fallback` makes the future to run instead, which connects anew (the
+    /// connections of a runtime that shut down went with it) and says whether it did the work.
+    pub fn spawn<N, F>(now: N, fallback: impl FnOnce() -> F + Send + 'static)
     where
+        N: Future + Send + 'static,
+        N::Output: Send,
         F: Future<Output = bool> + Send + 'static,
     {
-        LastChance(Some(Work::Run(Box::new(move || Box::pin(cleanup())))))
+        let last = LastChance(Some(Work::Run(Box::new(move || Box::pin(fallback())))));
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                now.await;
+                last.disarm();
+            });
+        }
     }
 
     /// The task did its work (or gave up on it) on its own runtime: nothing to do here.
-    pub fn disarm(mut self) {
+    pub(crate) fn disarm(mut self) {
         self.0 = None;
     }
 }

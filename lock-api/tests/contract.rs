@@ -671,6 +671,48 @@ fn a_lease_dropped_as_its_runtime_ends_is_released() {
     }
 }
 
+/// A backend's clean-up spawned with a last chance: done on the runtime, its fallback never
+/// runs; left unrun as the runtime ends, or spawned with no runtime at all, the fallback has
+/// run by the time the drop (or the spawn) returns.
+#[test]
+fn a_clean_up_runs_once_on_its_runtime_or_else_on_its_fallback() {
+    let count = |c: &Arc<AtomicUsize>| c.load(Ordering::SeqCst);
+    let spawn = |now: &Arc<AtomicUsize>, fallback: &Arc<AtomicUsize>| {
+        let (now, fallback) = (now.clone(), fallback.clone());
+        distlock_api::LastChance::spawn(
+            async move {
+                now.fetch_add(1, Ordering::SeqCst);
+            },
+            move || async move { fallback.fetch_add(1, Ordering::SeqCst) == 0 },
+        );
+    };
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    // Run on its runtime.
+    let (now, fallback) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let done = rt();
+    done.block_on(async {
+        spawn(&now, &fallback);
+        tokio::task::yield_now().await;
+    });
+    drop(done);
+    assert_eq!((count(&now), count(&fallback)), (1, 0));
+    // Left unrun as its runtime ends.
+    let (now, fallback) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let ending = rt();
+    ending.block_on(async { spawn(&now, &fallback) });
+    drop(ending);
+    assert_eq!((count(&now), count(&fallback)), (0, 1));
+    // No runtime.
+    let (now, fallback) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    spawn(&now, &fallback);
+    assert_eq!((count(&now), count(&fallback)), (0, 1));
+}
+
 #[tokio::test(start_paused = true)]
 async fn invalid_names_and_options_are_rejected_before_io() {
     let (_, a, _, a_raw) = pair();
