@@ -392,6 +392,51 @@ async fn an_acquire_dropped_mid_round_leaves_no_key() {
     assert!(lease.release().await.expect("release"));
 }
 
+/// The same, where the acquire's runtime ends mid-round (a process returning from `main` while
+/// it waits): the round's clean-up task is dropped unrun with the runtime, and the keys on the
+/// nodes that granted are released through new connections before the runtime's drop returns,
+/// not left for the 10 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_runtime_ends_mid_round_leaves_no_key() {
+    let d = deploy(5, false).await;
+    let lock = name("ended-mid-round");
+    let urls = d.urls();
+    // The client connects through the pause: a connect writes nothing.
+    for node in &d.masters.nodes[2..] {
+        let reply = node.command("CLIENT PAUSE 2000 WRITE").unwrap_or_default();
+        assert!(reply.starts_with("+OK"), "{reply}");
+    }
+    let ended = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let a = LockClient::new(Arc::new(
+                RedlockBackend::connect(&urls, options())
+                    .await
+                    .expect("connect"),
+            ));
+            let ttl = AcquireOptions::with_ttl(Duration::from_secs(10));
+            tokio::time::timeout(
+                Duration::from_millis(100),
+                a.acquire("ended-mid-round", &ttl, Duration::from_secs(5)),
+            )
+            .await
+            .is_err()
+        })
+    });
+    let cut_short = tokio::task::spawn_blocking(move || ended.join().expect("thread"))
+        .await
+        .expect("join");
+    assert!(cut_short, "the acquire finished");
+    assert_eq!(
+        d.nodes_holding(&lock).await,
+        0,
+        "keys left on the nodes that granted"
+    );
+}
+
 /// With the default options, a waiting acquire waits for as long as its caller said (here
 /// 10 s against a holder that keeps the lock 6 s): it is not cut short by a count of rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

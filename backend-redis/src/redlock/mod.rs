@@ -184,6 +184,16 @@ impl RedlockBackend {
         })
     }
 
+    /// A new client of the same nodes with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]): every node at once, all must answer.
+    pub(crate) async fn reconnected(&self) -> Result<Self> {
+        let nodes = try_join_all(self.nodes.iter().map(RedisBackend::reconnected)).await?;
+        Ok(RedlockBackend {
+            nodes: Arc::new(nodes),
+            options: self.options.clone(),
+        })
+    }
+
     /// The index (in the order the nodes were given) of the node that orders `name`'s waiters:
     /// their retries ask it first (see the module docs). Chosen by the name's key slot, so no
     /// one node arbitrates every name; the same for every client with the same node list.
@@ -311,11 +321,7 @@ impl LockBackend for RedlockBackend {
 
     /// Every node again, at once (all must answer, as at connect).
     async fn reconnect(&self) -> Result<Arc<dyn LockBackend>> {
-        let nodes = try_join_all(self.nodes.iter().map(RedisBackend::reconnected)).await?;
-        Ok(Arc::new(RedlockBackend {
-            nodes: Arc::new(nodes),
-            options: self.options.clone(),
-        }))
+        Ok(Arc::new(self.reconnected().await?))
     }
 
     /// Every node read at once: held while a majority holds (until the majority's shortest

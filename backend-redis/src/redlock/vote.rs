@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use distlock_api::{LockError, OwnerSecret, Renewal, Result};
+use distlock_api::{LastChance, LockError, OwnerSecret, Renewal, Result};
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
@@ -31,7 +31,7 @@ pub(super) struct Tally {
 /// answered, so an acquire dropped after some nodes granted (and before the round released or
 /// returned them) would leave their keys for the whole TTL, the lock taken by nobody. Dropped
 /// armed, it releases on every node in the background (compare-and-delete: harmless where
-/// nothing of ours is left).
+/// nothing of ours is left), through new connections when its runtime ended first.
 pub(super) struct RoundGuard<'a> {
     backend: &'a RedlockBackend,
     keys: &'a LockKeys,
@@ -64,12 +64,18 @@ impl Drop for RoundGuard<'_> {
         if !self.armed {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
-            rt.spawn(async move {
-                b.release_all(&k, &s, Waking::Attempt, None).await;
-            });
-        }
+        let (b, k, s) = (self.backend.clone(), self.keys.clone(), self.secret.clone());
+        let now = {
+            let (b, k, s) = (b.clone(), k.clone(), s.clone());
+            async move { b.release_all(&k, &s, Waking::Attempt, None).await }
+        };
+        LastChance::spawn(now, move || async move {
+            let Ok(fresh) = b.reconnected().await else {
+                return false;
+            };
+            fresh.release_all(&k, &s, Waking::Attempt, None).await;
+            true
+        });
     }
 }
 
