@@ -77,7 +77,10 @@ impl ZkBackend {
                     if is_zk(&e, |z| matches!(z, ZkError::ConnectionLoss))
                         || is_local_timeout(&e) =>
                 {
-                    if let Some((path, stat)) = self.find_own_node(epoch, dir, secret).await? {
+                    let found = self
+                        .find_own_node(&epoch.client, epoch.session_id(), dir, secret)
+                        .await?;
+                    if let Some((path, stat)) = found {
                         return Ok((path, stat, None));
                     }
                     return Err(e);
@@ -92,13 +95,16 @@ impl ZkBackend {
         ))
     }
 
+    /// The node in `dir` with our attempt's protected name that session `owner` created, read
+    /// through `client` (the owner's own, or a new session's at a process's end).
     async fn find_own_node(
         &self,
-        epoch: &Epoch,
+        client: &Client,
+        owner: i64,
         dir: &str,
         secret: &OwnerSecret,
     ) -> Result<Option<(String, Stat)>> {
-        let children = match self.call(epoch.client.list_children(dir)).await {
+        let children = match self.call(client.list_children(dir)).await {
             Ok(c) => c,
             Err(e) if is_zk(&e, |z| matches!(z, ZkError::NoNode)) => return Ok(None),
             Err(e) => return Err(e),
@@ -108,8 +114,8 @@ impl ZkBackend {
             .filter(|c| self.layout().owned_by(c, secret))
         {
             let path = format!("{dir}/{child}");
-            if let Some(stat) = self.call(epoch.client.check_stat(&path)).await?
-                && stat.ephemeral_owner == epoch.session_id()
+            if let Some(stat) = self.call(client.check_stat(&path)).await?
+                && stat.ephemeral_owner == owner
             {
                 return Ok(Some((path, stat)));
             }
@@ -279,8 +285,8 @@ impl QueuedNode {
     /// caller dropped meanwhile leaves it to the background.
     async fn remove(mut self) {
         cleanup(
-            &self.backend,
-            &self.epoch,
+            (&self.backend, &self.epoch.client),
+            self.epoch.session_id(),
             &self.dir,
             &self.secret,
             self.path.clone(),
@@ -290,11 +296,11 @@ impl QueuedNode {
     }
 }
 
-/// Deletes our node: `path` if the create returned, else whatever our session created with our
-/// protected prefix; whether it is gone.
+/// Deletes our node through `client`: `path` if the create returned, else whatever session
+/// `owner` created with our protected prefix; whether it is gone.
 async fn cleanup(
-    backend: &ZkBackend,
-    epoch: &Epoch,
+    (backend, client): (&ZkBackend, &Client),
+    owner: i64,
     dir: &str,
     secret: &OwnerSecret,
     path: Option<String>,
@@ -303,13 +309,13 @@ async fn cleanup(
         let target = match &path {
             Some(p) => Ok(Some(p.clone())),
             None => backend
-                .find_own_node(epoch, dir, secret)
+                .find_own_node(client, owner, dir, secret)
                 .await
                 .map(|f| f.map(|(p, _)| p)),
         };
         let done = match target {
             Ok(None) => true,
-            Ok(Some(p)) => match backend.call(epoch.client.delete(&p, None)).await {
+            Ok(Some(p)) => match backend.call(client.delete(&p, None)).await {
                 Ok(()) => true,
                 Err(e) => is_zk(&e, |z| matches!(z, ZkError::NoNode)),
             },
@@ -339,23 +345,21 @@ impl Drop for QueuedNode {
             self.secret.clone(),
             self.path.take(),
         );
-        // A new session finds no node by our session's id, so only a known path is deleted.
+        // A new session looks for a node whose create got no answer as our session's.
+        let owner = epoch.session_id();
         let now = {
             let (backend, dir, secret, path) =
                 (backend.clone(), dir.clone(), secret.clone(), path.clone());
-            async move { cleanup(&backend, &epoch, &dir, &secret, path).await }
+            async move { cleanup((&backend, &epoch.client), owner, &dir, &secret, path).await }
         };
         LastChance::spawn(now, move || async move {
-            if path.is_none() {
-                return false;
-            }
             let Ok(fresh) = backend.reconnected().await else {
                 return false;
             };
             let Ok(epoch) = fresh.epoch().await else {
                 return false;
             };
-            cleanup(&fresh, &epoch, &dir, &secret, path).await
+            cleanup((&fresh, &epoch.client), owner, &dir, &secret, path).await
         });
     }
 }

@@ -209,6 +209,72 @@ async fn connection_loss_right_after_create_leaves_no_orphan() {
     }
 }
 
+/// The same lost reply, where the process ends right then (its runtime dropped while the wait
+/// has not heard its create's answer, so the node's path is unknown): the node goes before the
+/// runtime's drop returns, found on a new session by the attempt's protected name, not left
+/// heading the queue until the old session expires (4 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_unanswered_as_its_runtime_ends_leaves_no_node() {
+    let d = deploy("zk", 1, false).await;
+    let p = Arc::new(proxies(&d.ensemble.client_ports));
+    let name = LockName::new("ended-unanswered").expect("valid");
+    // The queue directory exists beforehand, so the create itself is what loses its reply.
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let root = options().root;
+    d.admin.create(&root, &[], &open).await.expect("root");
+    d.admin
+        .create(&distlock_zk::paths::lock_dir(&root, &name), &[], &open)
+        .await
+        .expect("dir");
+    let (connected, on_connected) = tokio::sync::oneshot::channel();
+    let (created, on_created) = tokio::sync::oneshot::channel::<()>();
+    let ender = {
+        let (p, n) = (p.clone(), name.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let client = ZkBackend::connect(&connect_string(&p), options())
+                    .await
+                    .expect("connect");
+                let _ = connected.send(());
+                let deadline = Instant::now() + Duration::from_secs(10);
+                // Left running, on this runtime, until the runtime is dropped.
+                tokio::spawn(
+                    async move { client.acquire(&n, Duration::from_secs(60), deadline).await },
+                );
+                let _ = on_created.await;
+            });
+            // Nothing polls the old connection now: the new one's answers may pass.
+            p.iter().for_each(|x| x.set_mode(ProxyMode::Pass));
+            drop(rt);
+        })
+    };
+    on_connected.await.expect("connected");
+    p.iter().for_each(|x| x.set_mode(ProxyMode::DropReplies));
+    let mut seen = false;
+    for _ in 0..100 {
+        if d.artifacts(&name).await > 0 {
+            seen = true;
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen, "the create never reached the server");
+    let _ = created.send(());
+    tokio::task::spawn_blocking(move || ender.join().expect("thread"))
+        .await
+        .expect("join");
+    assert_eq!(
+        d.artifacts(&name).await,
+        0,
+        "the unanswered create's node outlived its process's runtime"
+    );
+}
+
 /// A holder whose server is a follower cut off from the leader (its clients still reach it,
 /// and it answers their pings and reads from its own copy until it gives up on the leader,
 /// `syncLimit x tickTime` = 10 s on stock settings): the leader expires the holder's 4 s session
