@@ -610,6 +610,81 @@ async fn a_wait_rides_out_a_stall_longer_than_its_session() {
     assert!(granted.release().await.expect("release"));
 }
 
+/// A wait whose enqueue put reached the member but whose answer did not, as its process's
+/// runtime ends: the queued key goes before the runtime's drop returns (deleted by its name and
+/// value through a new client), not left heading the queue until the session's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_unanswered_as_its_runtime_ends_leaves_no_key() {
+    let d = deploy("etcd", 1, false).await;
+    let proxies: std::sync::Arc<Vec<Proxy>> = std::sync::Arc::new(
+        d.cluster
+            .client_ports
+            .iter()
+            .map(|&p| Proxy::start(([127, 0, 0, 1], p).into()).expect("proxy"))
+            .collect(),
+    );
+    let name = LockName::new("ended-unanswered").expect("valid");
+    let ttl = Duration::from_secs(30);
+    let (ready, on_ready) = tokio::sync::oneshot::channel();
+    let (seen, on_seen) = tokio::sync::oneshot::channel::<()>();
+    let ender = {
+        let p = proxies.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let through: Vec<String> = p.iter().map(|p| p.addr().to_string()).collect();
+                let waiter = LockClient::new(std::sync::Arc::new(
+                    EtcdBackend::connect(&through, options())
+                        .await
+                        .expect("connect"),
+                ));
+                // The session (its lease) is made on another name first: only the put is left.
+                let warm = waiter
+                    .try_acquire("ended-unanswered-warm", &opts(ttl))
+                    .await
+                    .expect("acquire");
+                assert!(warm.release().await.expect("release"));
+                let _ = ready.send(());
+                // Left running, on this runtime, until the runtime is dropped.
+                tokio::spawn(async move {
+                    waiter
+                        .acquire("ended-unanswered", &opts(ttl), Duration::from_secs(60))
+                        .await
+                });
+                let _ = on_seen.await;
+            });
+            // Nothing polls the old connection now: the new one's answers may pass.
+            p.iter().for_each(|x| x.set_mode(ProxyMode::Pass));
+            drop(rt);
+        })
+    };
+    on_ready.await.expect("ready");
+    proxies
+        .iter()
+        .for_each(|x| x.set_mode(ProxyMode::DropReplies));
+    let mut queued = false;
+    for _ in 0..100 {
+        if d.artifacts(&name).await > 0 {
+            queued = true;
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(queued, "the put never reached the member");
+    let _ = seen.send(());
+    tokio::task::spawn_blocking(move || ender.join().expect("thread"))
+        .await
+        .expect("join");
+    assert_eq!(
+        d.artifacts(&name).await,
+        0,
+        "the unanswered put's key outlived its process's runtime"
+    );
+}
+
 /// A holder whose member is cut from its peers while the holder still reaches it (the member
 /// answers, but can no longer commit: it lost the quorum): its session lease is kept alive by
 /// nobody, the others' leader expires it, and another client is granted the lock. The holder
