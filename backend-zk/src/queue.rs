@@ -345,7 +345,8 @@ impl Drop for QueuedNode {
             self.secret.clone(),
             self.path.take(),
         );
-        // A new session looks for a node whose create got no answer as our session's.
+        // A new session finds a node whose create got no answer by its protected name and its
+        // owner, our session.
         let owner = epoch.session_id();
         let now = {
             let (backend, dir, secret, path) =
