@@ -180,6 +180,7 @@ macro_rules! for_each_scenario {
             a_permit_waiter_process_that_ends_waiting_leaves_nothing_queued: [Need::Permits, Need::ServerProcess],
             cancelled_permit_waiters_leave_nothing: [Need::Permits],
             cancelled_reader_and_writer_waits_leave_nothing: [Need::Policies],
+            reader_and_writer_processes_that_end_holding_free_the_lock_at_once: [Need::Policies, Need::ServerProcess],
             reader_and_writer_waiter_processes_that_end_waiting_leave_nothing_queued: [Need::Policies, Need::ServerProcess],
             a_writer_behind_many_readers_timed_out_or_dropped_leaves_nothing: [Need::Policies],
             a_try_loses_only_to_holders_and_waiters: [Need::Policies],

@@ -184,6 +184,40 @@ pub async fn a_permit_waiter_process_that_ends_waiting_leaves_nothing_queued(d: 
     }
 }
 
+/// Processes that end normally while they read, then while they write (SIGTERM: `main` returns
+/// and the runtime ends before the drop's background release ran): each one's hold is gone as
+/// soon as the process is, so a newcomer of the other kind is admitted at once, not at the TTL
+/// or session timeout (they ask for a TTL far longer than this test waits).
+pub async fn reader_and_writer_processes_that_end_holding_free_the_lock_at_once(
+    d: &dyn Deployment,
+) {
+    let name = unique("rwlock-sigterm");
+    let url = d
+        .url()
+        .expect("gated on a deployment other processes can reach");
+    let l = rwlock(d, &name).await;
+    for write in [false, true] {
+        let holder = tokio::task::block_in_place(|| {
+            let h = HolderProcess::start_rw(&url, &name, Duration::from_secs(60), write)
+                .unwrap_or_else(|e| panic!("{e}"));
+            h.next_line("TOKEN ", Duration::from_secs(30))
+                .expect("the holder process never reported its token");
+            h
+        });
+        end(&holder);
+        let next = if write {
+            l.try_read().await
+        } else {
+            l.try_write().await
+        };
+        let next = next.unwrap_or_else(|e| {
+            panic!("still held after its holder process ended (writer: {write}): {e}")
+        });
+        assert!(next.release().await.expect("release"));
+    }
+    entries(d, &queue(RWLOCK_LOCK_PREFIX, &name), 0).await;
+}
+
 /// Processes that end normally while they wait to read behind a writer, then to write behind
 /// a reader (SIGTERM: `main` returns, dropping the wait, and the runtime ends before the wait's
 /// clean-up ran): each one's entry goes with it. Another reader is admitted beside the reader at
