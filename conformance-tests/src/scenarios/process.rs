@@ -7,20 +7,37 @@ use tokio::time::Instant;
 
 use super::{client, eventually, opts, unique};
 use crate::deployment::Deployment;
-use crate::harness::HolderProcess;
+use crate::harness::{HarnessError, HolderProcess};
 
+/// A process `start` runs on `d`'s URL; when `holding`, once it reported its token (returned).
+pub(crate) fn process(
+    d: &dyn Deployment,
+    holding: bool,
+    start: impl FnOnce(&str) -> Result<HolderProcess, HarnessError>,
+) -> (HolderProcess, String) {
+    let url = d
+        .url()
+        .expect("gated on a deployment other processes can reach");
+    tokio::task::block_in_place(|| {
+        let process = start(&url).unwrap_or_else(|e| panic!("{e}"));
+        let token = if holding {
+            process
+                .next_line("TOKEN ", Duration::from_secs(30))
+                .expect("the holder process never reported its token")
+        } else {
+            String::new()
+        };
+        (process, token)
+    })
+}
+
+/// A process holding the lock `name` with `ttl`, and its token.
 fn start_holder(
     d: &dyn Deployment,
     name: &str,
     ttl: Duration,
 ) -> (HolderProcess, Option<FencingToken>) {
-    let url = d
-        .url()
-        .expect("gated on a deployment other processes can reach");
-    let holder = HolderProcess::start(&url, name, ttl).unwrap_or_else(|e| panic!("{e}"));
-    let token = holder
-        .next_line("TOKEN ", Duration::from_secs(30))
-        .expect("the holder process never reported its token");
+    let (holder, token) = process(d, true, |url| HolderProcess::start(url, name, ttl));
     (holder, token.parse().ok().map(FencingToken))
 }
 
@@ -29,7 +46,7 @@ fn start_holder(
 /// while the new holder's write is accepted.
 pub async fn paused_holder_process_is_fenced_off(d: &dyn Deployment) {
     let name = unique("sigstop");
-    let (holder, old) = tokio::task::block_in_place(|| start_holder(d, &name, d.ttl()));
+    let (holder, old) = start_holder(d, &name, d.ttl());
     let old = old.expect("gated on fencing");
     holder.pause();
     let b = client(d).await;
@@ -72,8 +89,7 @@ pub async fn paused_holder_process_is_fenced_off(d: &dyn Deployment) {
 /// than this test waits).
 pub async fn a_holder_process_that_ends_holding_frees_the_lock_at_once(d: &dyn Deployment) {
     let name = unique("sigterm");
-    let (holder, _) =
-        tokio::task::block_in_place(|| start_holder(d, &name, Duration::from_secs(60)));
+    let (holder, _) = start_holder(d, &name, Duration::from_secs(60));
     end(&holder);
     take_at_once(
         d,
@@ -89,13 +105,10 @@ pub async fn a_holder_process_that_ends_holding_frees_the_lock_at_once(d: &dyn D
 /// waiter's liveness, session or TTL runs out. (Where waiters keep a place in a queue: FIFO.)
 pub async fn a_waiter_process_that_ends_waiting_leaves_nothing_queued(d: &dyn Deployment) {
     let name = unique("sigterm-waiting");
-    let url = d
-        .url()
-        .expect("gated on a deployment other processes can reach");
     let a = client(d).await;
     let held = a.try_acquire(&name, &opts(d)).await.expect("acquire");
-    let waiter = tokio::task::block_in_place(|| {
-        HolderProcess::start(&url, &name, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"))
+    let (waiter, _) = process(d, false, |url| {
+        HolderProcess::start(url, &name, Duration::from_secs(60))
     });
     let lock = LockName::new(&name).expect("name");
     assert!(
@@ -130,7 +143,7 @@ async fn take_at_once(d: &dyn Deployment, name: &str, busy: &str) {
 /// slack.
 pub async fn killed_holder_process_frees_the_lock(d: &dyn Deployment) {
     let name = unique("sigkill");
-    let (holder, old) = tokio::task::block_in_place(|| start_holder(d, &name, d.ttl()));
+    let (holder, old) = start_holder(d, &name, d.ttl());
     let killed = Instant::now();
     holder.kill();
     let b = client(d).await;

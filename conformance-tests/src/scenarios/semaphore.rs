@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, Fence, LockError, LockName, RWLOCK_LOCK_PREFIX, RwLock, SEMAPHORE_LOCK_PREFIX,
-    Semaphore,
+    Admission, Fence, Lease, LockError, LockName, RWLOCK_LOCK_PREFIX, RwLock,
+    SEMAPHORE_LOCK_PREFIX, Semaphore,
 };
 use rand::Rng;
 use tokio::time::{Instant, sleep, timeout};
 
-use super::process::end;
+use super::process::{end, process};
 use super::{client, eventually, opts, unique};
 use crate::deployment::Deployment;
 use crate::harness::HolderProcess;
@@ -124,15 +124,29 @@ pub async fn a_dead_holders_permit_returns(d: &dyn Deployment) {
 
 /// A process holding the one permit of `name` (of 1) with `ttl`, once it said so.
 fn permit_holder(d: &dyn Deployment, name: &str, ttl: Duration) -> HolderProcess {
-    let url = d
-        .url()
-        .expect("gated on a deployment other processes can reach");
-    tokio::task::block_in_place(|| {
-        let h = HolderProcess::start_permit(&url, name, ttl, 1).unwrap_or_else(|e| panic!("{e}"));
-        h.next_line("TOKEN ", Duration::from_secs(30))
-            .expect("the holder process never reported its token");
-        h
+    process(d, true, |url| {
+        HolderProcess::start_permit(url, name, ttl, 1)
     })
+    .0
+}
+
+/// A process reading (or, when `write`, writing) the read-write lock `name`, once it holds
+/// when `holding`.
+fn rw_process(d: &dyn Deployment, name: &str, write: bool, holding: bool) -> HolderProcess {
+    let ttl = Duration::from_secs(60);
+    process(d, holding, |url| {
+        HolderProcess::start_rw(url, name, ttl, write)
+    })
+    .0
+}
+
+/// A try of the other kind than `write` says: a read after a writer, a write after a reader.
+async fn try_other_kind(l: &RwLock, write: bool) -> distlock_api::Result<Lease> {
+    if write {
+        l.try_read().await
+    } else {
+        l.try_write().await
+    }
 }
 
 /// A process that ends normally with its permit still in scope (SIGTERM: `main` returns and
@@ -158,17 +172,13 @@ pub async fn a_permit_holder_process_that_ends_returns_its_permit_at_once(d: &dy
 /// waiter until its liveness, session or TTL runs out.
 pub async fn a_permit_waiter_process_that_ends_waiting_leaves_nothing_queued(d: &dyn Deployment) {
     let name = unique("semaphore-sigterm-waiting");
-    let url = d
-        .url()
-        .expect("gated on a deployment other processes can reach");
     let s = semaphore(d, &name, 2).await;
     let mut held = vec![
         s.try_acquire().await.expect("permit"),
         s.try_acquire().await.expect("permit"),
     ];
-    let waiter = tokio::task::block_in_place(|| {
-        HolderProcess::start_permit(&url, &name, Duration::from_secs(60), 2)
-            .unwrap_or_else(|e| panic!("{e}"))
+    let (waiter, _) = process(d, false, |url| {
+        HolderProcess::start_permit(url, &name, Duration::from_secs(60), 2)
     });
     entries(d, &queue(SEMAPHORE_LOCK_PREFIX, &name), 3).await;
     end(&waiter);
@@ -192,25 +202,10 @@ pub async fn reader_and_writer_processes_that_end_holding_free_the_lock_at_once(
     d: &dyn Deployment,
 ) {
     let name = unique("rwlock-sigterm");
-    let url = d
-        .url()
-        .expect("gated on a deployment other processes can reach");
     let l = rwlock(d, &name).await;
     for write in [false, true] {
-        let holder = tokio::task::block_in_place(|| {
-            let h = HolderProcess::start_rw(&url, &name, Duration::from_secs(60), write)
-                .unwrap_or_else(|e| panic!("{e}"));
-            h.next_line("TOKEN ", Duration::from_secs(30))
-                .expect("the holder process never reported its token");
-            h
-        });
-        end(&holder);
-        let next = if write {
-            l.try_read().await
-        } else {
-            l.try_write().await
-        };
-        let next = next.unwrap_or_else(|e| {
+        end(&rw_process(d, &name, write, true));
+        let next = try_other_kind(&l, write).await.unwrap_or_else(|e| {
             panic!("still held after its holder process ended (writer: {write}): {e}")
         });
         assert!(next.release().await.expect("release"));
@@ -228,9 +223,6 @@ pub async fn reader_and_writer_waiter_processes_that_end_waiting_leave_nothing_q
     d: &dyn Deployment,
 ) {
     let name = unique("rwlock-sigterm-waiting");
-    let url = d
-        .url()
-        .expect("gated on a deployment other processes can reach");
     let key = queue(RWLOCK_LOCK_PREFIX, &name);
     let l = rwlock(d, &name).await;
     for write in [false, true] {
@@ -239,10 +231,7 @@ pub async fn reader_and_writer_waiter_processes_that_end_waiting_leave_nothing_q
         } else {
             l.try_write().await.expect("write")
         };
-        let waiter = tokio::task::block_in_place(|| {
-            HolderProcess::start_rw(&url, &name, Duration::from_secs(60), write)
-                .unwrap_or_else(|e| panic!("{e}"))
-        });
+        let waiter = rw_process(d, &name, write, false);
         entries(d, &key, 2).await;
         end(&waiter);
         let other = if write {
@@ -257,12 +246,7 @@ pub async fn reader_and_writer_waiter_processes_that_end_waiting_leave_nothing_q
         for lease in other.into_iter().chain([held]) {
             assert!(lease.release().await.expect("release"));
         }
-        let next = if write {
-            l.try_read().await
-        } else {
-            l.try_write().await
-        };
-        let next = next.unwrap_or_else(|e| {
+        let next = try_other_kind(&l, write).await.unwrap_or_else(|e| {
             panic!("the lock went to the waiter that ended (writer: {write}): {e}")
         });
         assert!(next.release().await.expect("release"));
