@@ -5,7 +5,9 @@ use std::time::Duration;
 use distlock::{AcquireOptions, LockClient, LockError, LockName};
 use distlock_conformance::Deployment;
 use distlock_conformance::deployments::etcd::{deploy, options};
-use distlock_conformance::harness::{EtcdCluster, Proxy, ProxyMode, TempDir};
+use distlock_conformance::harness::{
+    EtcdCluster, Proxy, ProxyMode, TempDir, reply_lost_as_the_runtime_ends,
+};
 use distlock_conformance::refusal::refused_at_once;
 use distlock_etcd::{EtcdBackend, EtcdOptions, TxnOp};
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, GetOptions};
@@ -624,60 +626,30 @@ async fn a_put_unanswered_as_its_runtime_ends_leaves_no_key() {
             .collect(),
     );
     let name = LockName::new("ended-unanswered").expect("valid");
-    let ttl = Duration::from_secs(30);
-    let (ready, on_ready) = tokio::sync::oneshot::channel();
-    let (seen, on_seen) = tokio::sync::oneshot::channel::<()>();
-    let ender = {
-        let p = proxies.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                let through: Vec<String> = p.iter().map(|p| p.addr().to_string()).collect();
-                let waiter = LockClient::new(std::sync::Arc::new(
-                    EtcdBackend::connect(&through, options())
-                        .await
-                        .expect("connect"),
-                ));
-                // The session (its lease) is made on another name first: only the put is left.
-                let warm = waiter
-                    .try_acquire("ended-unanswered-warm", &opts(ttl))
+    let landed = reply_lost_as_the_runtime_ends(
+        &proxies,
+        |addrs, lose| async move {
+            let ttl = Duration::from_secs(30);
+            let waiter = LockClient::new(std::sync::Arc::new(
+                EtcdBackend::connect(&addrs, options())
                     .await
-                    .expect("acquire");
-                assert!(warm.release().await.expect("release"));
-                let _ = ready.send(());
-                // Left running, on this runtime, until the runtime is dropped.
-                tokio::spawn(async move {
-                    waiter
-                        .acquire("ended-unanswered", &opts(ttl), Duration::from_secs(60))
-                        .await
-                });
-                let _ = on_seen.await;
-            });
-            // Nothing polls the old connection now: the new one's answers may pass.
-            p.iter().for_each(|x| x.set_mode(ProxyMode::Pass));
-            drop(rt);
-        })
-    };
-    on_ready.await.expect("ready");
-    proxies
-        .iter()
-        .for_each(|x| x.set_mode(ProxyMode::DropReplies));
-    let mut queued = false;
-    for _ in 0..100 {
-        if d.artifacts(&name).await > 0 {
-            queued = true;
-            break;
-        }
-        sleep(Duration::from_millis(10)).await;
-    }
-    assert!(queued, "the put never reached the member");
-    let _ = seen.send(());
-    tokio::task::spawn_blocking(move || ender.join().expect("thread"))
-        .await
-        .expect("join");
+                    .expect("connect"),
+            ));
+            // The session (its lease) is made on another name first: only the put is left.
+            let warm = waiter
+                .try_acquire("ended-unanswered-warm", &opts(ttl))
+                .await
+                .expect("acquire");
+            assert!(warm.release().await.expect("release"));
+            lose.now();
+            let _ = waiter
+                .acquire("ended-unanswered", &opts(ttl), Duration::from_secs(60))
+                .await;
+        },
+        async || d.artifacts(&name).await > 0,
+    )
+    .await;
+    assert!(landed, "the put never reached the member");
     assert_eq!(
         d.artifacts(&name).await,
         0,

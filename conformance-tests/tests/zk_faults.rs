@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use distlock::{AcquireOptions, LockBackend, LockClient, LockError, LockName};
 use distlock_conformance::Deployment;
-use distlock_conformance::deployments::zk::{deploy, options};
-use distlock_conformance::harness::{Proxy, ProxyMode, ZkEnsemble};
+use distlock_conformance::deployments::zk::{ZkDeployment, deploy, options};
+use distlock_conformance::harness::{Proxy, ProxyMode, ZkEnsemble, reply_lost_as_the_runtime_ends};
 use distlock_zk::{OnDisconnect, ZkBackend, ZkOptions};
 use tokio::time::{Instant, sleep};
 
@@ -151,6 +151,18 @@ async fn paused_holder_loses_to_a_higher_czxid_and_its_guarded_write_is_refused(
     assert!(new.release().await.expect("release"));
 }
 
+/// Makes `name`'s queue directory (and the root above it).
+async fn queue_dir(d: &ZkDeployment, name: &LockName) {
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let root = options().root;
+    d.admin.create(&root, &[], &open).await.expect("root");
+    d.admin
+        .create(&distlock_zk::paths::lock_dir(&root, name), &[], &open)
+        .await
+        .expect("dir");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_loss_right_after_create_leaves_no_orphan() {
     let d = deploy("zk3", 3, false).await;
@@ -160,14 +172,7 @@ async fn connection_loss_right_after_create_leaves_no_orphan() {
         .expect("connect");
     let name = LockName::new("lost-create-reply").expect("valid");
     // The queue directory exists beforehand, so the create itself is what loses its reply.
-    let open =
-        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
-    let root = options().root;
-    d.admin.create(&root, &[], &open).await.expect("root");
-    d.admin
-        .create(&distlock_zk::paths::lock_dir(&root, &name), &[], &open)
-        .await
-        .expect("dir");
+    queue_dir(&d, &name).await;
     p.iter().for_each(|x| x.set_mode(ProxyMode::DropReplies));
     let c = client.clone();
     let n = name.clone();
@@ -219,55 +224,22 @@ async fn a_create_unanswered_as_its_runtime_ends_leaves_no_node() {
     let p = Arc::new(proxies(&d.ensemble.client_ports));
     let name = LockName::new("ended-unanswered").expect("valid");
     // The queue directory exists beforehand, so the create itself is what loses its reply.
-    let open =
-        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
-    let root = options().root;
-    d.admin.create(&root, &[], &open).await.expect("root");
-    d.admin
-        .create(&distlock_zk::paths::lock_dir(&root, &name), &[], &open)
-        .await
-        .expect("dir");
-    let (connected, on_connected) = tokio::sync::oneshot::channel();
-    let (created, on_created) = tokio::sync::oneshot::channel::<()>();
-    let ender = {
-        let (p, n) = (p.clone(), name.clone());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                let client = ZkBackend::connect(&connect_string(&p), options())
-                    .await
-                    .expect("connect");
-                let _ = connected.send(());
-                let deadline = Instant::now() + Duration::from_secs(10);
-                // Left running, on this runtime, until the runtime is dropped.
-                tokio::spawn(
-                    async move { client.acquire(&n, Duration::from_secs(60), deadline).await },
-                );
-                let _ = on_created.await;
-            });
-            // Nothing polls the old connection now: the new one's answers may pass.
-            p.iter().for_each(|x| x.set_mode(ProxyMode::Pass));
-            drop(rt);
-        })
-    };
-    on_connected.await.expect("connected");
-    p.iter().for_each(|x| x.set_mode(ProxyMode::DropReplies));
-    let mut seen = false;
-    for _ in 0..100 {
-        if d.artifacts(&name).await > 0 {
-            seen = true;
-            break;
-        }
-        sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen, "the create never reached the server");
-    let _ = created.send(());
-    tokio::task::spawn_blocking(move || ender.join().expect("thread"))
-        .await
-        .expect("join");
+    queue_dir(&d, &name).await;
+    let n = name.clone();
+    let landed = reply_lost_as_the_runtime_ends(
+        &p,
+        move |addrs, lose| async move {
+            let client = ZkBackend::connect(&addrs.join(","), options())
+                .await
+                .expect("connect");
+            lose.now();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let _ = client.acquire(&n, Duration::from_secs(60), deadline).await;
+        },
+        async || d.artifacts(&name).await > 0,
+    )
+    .await;
+    assert!(landed, "the create never reached the server");
     assert_eq!(
         d.artifacts(&name).await,
         0,

@@ -9,7 +9,8 @@
 //! [`ServerProcess::resume`], the TCP [`Proxy`] between a client and a server, and a server
 //! wall clock moved forward ([`ClockOffset`]). A [`LatencyLink`] puts a fixed network delay
 //! between a client and a server (the benchmark's datacenter setting). A
-//! [`HolderProcess`] runs a lock holder in another process, to pause (SIGSTOP) or kill.
+//! [`HolderProcess`] runs a lock holder in another process, to pause (SIGSTOP) or kill;
+//! [`reply_lost_as_the_runtime_ends`] ends a client's runtime while its wait has no answer.
 
 mod clock;
 mod etcd;
@@ -20,6 +21,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod runtime_end;
 mod tls;
 mod zookeeper;
 
@@ -38,6 +40,7 @@ pub use postgres::{Pgbouncer, PostgresPair, PostgresServer};
 pub use process::ServerProcess;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisCluster, RedisMasters, RedisReplicated, RedisSentinel, RedisServer};
+pub use runtime_end::{LoseReplies, reply_lost_as_the_runtime_ends};
 pub use tls::TlsFiles;
 pub use zookeeper::{ZkEnsemble, packets_received, watch_count};
 
