@@ -5,10 +5,10 @@
 //! TTL or session timeout after a process that ended normally. So the task carries a
 //! [`LastChance`]: dropped unfinished, it has the release run on a thread of this module,
 //! through a new client of the same servers ([`LockBackend::reconnect`]), and waits for it. A
-//! backend's own clean-up tasks (a cancelled wait leaving its queue) carry one too, with the
-//! clean-up to run ([`LastChance::spawn`]). The jobs of one shutdown share one window of
-//! [`WAIT`]: a process ending with thousands of leases in scope ends within it, each lease it
-//! did not reach left to its TTL.
+//! backend's own clean-up tasks (a cancelled wait leaving its queue, or giving back a Redlock
+//! round's votes) carry one too, with the clean-up to run ([`LastChance::spawn`]). The jobs of
+//! one shutdown share one window of [`WAIT`]: a process ending with thousands of leases in
+//! scope ends within it, each lease it did not reach left to its TTL.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak, mpsc};
@@ -121,7 +121,7 @@ impl Drop for LastChance {
         };
         let what = match &work {
             Work::Release(_, key) => format!("the release of {}", key.name),
-            Work::Run(_) => "a clean-up (a cancelled wait leaving its queue)".to_string(),
+            Work::Run(_) => "a cancelled wait's clean-up (its queue entry or votes)".to_string(),
         };
         let (done, finished) = mpsc::channel();
         let ran = window().is_some_and(|until| {
