@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     Admission, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader,
-    LockBackend, LockError, LockName, LockStatus, Reentrancy, Renewal, Result, Wakeup,
+    LockBackend, LockError, LockName, LockStatus, Reconnect, Reentrancy, Renewal, Result, Wakeup,
 };
 use etcd_client::LeaseTimeToLiveOptions;
 use futures_util::future::join_all;

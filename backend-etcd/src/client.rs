@@ -1,10 +1,11 @@
 //! The client: the connection to the cluster, requests with their retries and error mapping,
 //! and the session every lease of this client lives on.
 
-use std::sync::{Arc, Mutex};
+use std::any::Any;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use distlock_api::{LockError, LockName, RepeatGrant, Result};
+use distlock_api::{LockError, LockName, Reconnect, RepeatGrant, Result};
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, Identity,
     KvClient, LeaseClient, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchClient,
@@ -232,12 +233,6 @@ impl EtcdBackend {
         }
     }
 
-    /// A new client of the same endpoints with the same options (see
-    /// [`distlock_api::LockBackend::reconnect`]).
-    pub(crate) async fn reconnected(&self) -> Result<Self> {
-        EtcdBackend::connect(&self.inner.members, self.inner.options.clone()).await
-    }
-
     /// Deletes `key` if its value is `entry` (what the attempt wrote: its secret, or the secret
     /// and an announced value), or another value the same attempt wrote
     /// ([`distlock_api::entry_written_by`]: a proclaim this client did not see answered); returns
@@ -342,6 +337,18 @@ impl EtcdBackend {
     /// A retryable backend error with a fixed text.
     pub(crate) fn err_text(&self, text: &'static str) -> LockError {
         LockError::backend(self.inner.endpoints.clone(), true, text)
+    }
+}
+
+impl Reconnect for EtcdBackend {
+    fn identity(&self) -> Weak<dyn Any + Send + Sync> {
+        Arc::downgrade(&self.inner) as Weak<Inner>
+    }
+
+    /// A new client of the same servers with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]).
+    async fn reconnected(&self) -> Result<Self> {
+        EtcdBackend::connect(&self.inner.members, self.inner.options.clone()).await
     }
 }
 

@@ -427,12 +427,11 @@ impl Drop for QueuedKey {
             unsure: self.unsure,
         };
         let (b, fkey, entry) = (rest.backend.clone(), key.clone(), rest.entry.clone());
-        LastChance::spawn(async move { rest.delete(&key).await }, move || async move {
-            let Ok(fresh) = b.reconnected().await else {
-                return false;
-            };
-            fresh.delete_ours(&fkey, &entry).await.is_ok()
-        });
+        LastChance::spawn(
+            async move { rest.delete(&key).await },
+            b,
+            move |fresh| async move { fresh.delete_ours(&fkey, &entry).await.is_ok() },
+        );
     }
 }
 

@@ -2,10 +2,11 @@
 //! pipelined connection every request shares, replaced when it fails or a request goes
 //! unanswered, and the error mapping.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::any::Any;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use distlock_api::{Capabilities, LockError, OwnerSecret, Result};
+use distlock_api::{Capabilities, LockError, OwnerSecret, Reconnect, Result};
 use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::AbortHandle;
@@ -88,12 +89,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl PostgresBackend {
-    /// A new client of the same server with the same options (see
-    /// [`distlock_api::LockBackend::reconnect`]).
-    pub(crate) async fn reconnected(&self) -> Result<Self> {
-        PostgresBackend::connect(self.inner.options.clone()).await
-    }
-
     /// Connects, reads what decides the grade, installs the layout if it is missing or of
     /// another version, and LISTENs on this client's channel.
     ///
@@ -322,6 +317,18 @@ impl PostgresBackend {
                 Err(self.no_answer())
             }
         }
+    }
+}
+
+impl Reconnect for PostgresBackend {
+    fn identity(&self) -> Weak<dyn Any + Send + Sync> {
+        Arc::downgrade(&self.inner) as Weak<Inner>
+    }
+
+    /// A new client of the same servers with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]).
+    async fn reconnected(&self) -> Result<Self> {
+        PostgresBackend::connect(self.inner.options.clone()).await
     }
 }
 

@@ -176,10 +176,7 @@ impl Drop for EntryGuard<'_> {
                 }
             }
         };
-        LastChance::spawn(now, move || async move {
-            let Ok(fresh) = b.reconnected().await else {
-                return false;
-            };
+        LastChance::spawn(now, b, move |fresh| async move {
             fresh.release_entry(&n, &s).await.is_ok()
         });
     }

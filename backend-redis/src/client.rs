@@ -1,10 +1,11 @@
 //! The client: connecting to one server, a Cluster or Sentinel's master, and every request
 //! sent with its timeout and error mapping; the release notifications' subscriptions.
 
+use std::any::Any;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use distlock_api::{LockError, LockName, OwnerSecret, Result};
+use distlock_api::{LockError, LockName, OwnerSecret, Reconnect, Result};
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError, RetryMethod};
 use tokio::time::timeout;
 
@@ -64,12 +65,6 @@ impl RedisBackend {
                 node_auth,
             } => Self::connect_sentinel(sentinels, service, node_auth.as_deref(), options).await,
         }
-    }
-
-    /// A new client of the same deployment with the same options (see
-    /// [`distlock_api::LockBackend::reconnect`]).
-    pub(crate) async fn reconnected(&self) -> Result<Self> {
-        Self::connect_to(&self.topology, self.options.clone()).await
     }
 
     /// Connects to one server at `url`: `redis://[user:password@]host:port[/db]`, or
@@ -296,6 +291,18 @@ impl RedisBackend {
             Err(e) if e.is_connection_dropped() || e.is_timeout() => self.run(call, conn).await,
             other => other.map_err(|e| self.err(e)),
         }
+    }
+}
+
+impl Reconnect for RedisBackend {
+    fn identity(&self) -> Weak<dyn Any + Send + Sync> {
+        Arc::downgrade(&self.notifier) as Weak<Notifier>
+    }
+
+    /// A new client of the same servers with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]).
+    async fn reconnected(&self) -> Result<Self> {
+        Self::connect_to(&self.topology, self.options.clone()).await
     }
 }
 

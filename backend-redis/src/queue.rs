@@ -255,10 +255,7 @@ impl Drop for AttemptGuard<'_> {
             }
         };
         let now = release(b.clone(), k.clone(), s.clone());
-        LastChance::spawn(now, move || async move {
-            let Ok(fresh) = b.reconnected().await else {
-                return false;
-            };
+        LastChance::spawn(now, b, move |fresh| async move {
             release(fresh, k, s).await.is_ok()
         });
     }
@@ -327,10 +324,7 @@ impl Drop for QueueGuard<'_> {
             let (b, k, member) = (b.clone(), k.clone(), member.clone());
             async move { b.leave_queue(&k, &member).await }
         };
-        LastChance::spawn(now, move || async move {
-            let Ok(fresh) = b.reconnected().await else {
-                return false;
-            };
+        LastChance::spawn(now, b, move |fresh| async move {
             fresh.leave_queue(&k, &member).await;
             true
         });

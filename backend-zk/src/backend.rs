@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     Admission, Capabilities, Fencing, FencingToken, Grant, GrantKey, Guarantee, Leader,
-    LockBackend, LockError, LockName, LockStatus, Reentrancy, Renewal, Result, Wakeup,
+    LockBackend, LockError, LockName, LockStatus, Reconnect, Reentrancy, Renewal, Result, Wakeup,
 };
 use futures_util::stream::BoxStream;
 use tokio::time::{Instant, timeout_at};

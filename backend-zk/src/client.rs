@@ -1,11 +1,12 @@
 //! The client: the session epochs, requests with their timeouts and error mapping, the root and
 //! directories, and what this client tracks of its grants.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
-use distlock_api::{LockError, LockName, RepeatGrant, Result};
+use distlock_api::{LockError, LockName, Reconnect, RepeatGrant, Result};
 use tokio::time::timeout;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
 
@@ -77,12 +78,6 @@ impl ZkBackend {
         backend.ensure_chroot().await?;
         backend.epoch().await?;
         Ok(backend)
-    }
-
-    /// A new session on the same servers with the same options (see
-    /// [`distlock_api::LockBackend::reconnect`]).
-    pub(crate) async fn reconnected(&self) -> Result<Self> {
-        ZkBackend::connect(&self.inner.connect, self.inner.options.clone()).await
     }
 
     /// A chroot (`host:port/app`) must exist before a client rooted in it can create anything:
@@ -292,6 +287,18 @@ impl ZkBackend {
     /// missing (a chroot was created at connect).
     pub(crate) async fn ensure_dir(&self, client: &Client, dir: &str) -> Result<()> {
         self.create_path(client, dir, CreateMode::Container).await
+    }
+}
+
+impl Reconnect for ZkBackend {
+    fn identity(&self) -> Weak<dyn Any + Send + Sync> {
+        Arc::downgrade(&self.inner) as Weak<Inner>
+    }
+
+    /// A new client of the same servers with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]).
+    async fn reconnected(&self) -> Result<Self> {
+        ZkBackend::connect(&self.inner.connect, self.inner.options.clone()).await
     }
 }
 

@@ -353,10 +353,7 @@ impl Drop for QueuedNode {
                 (backend.clone(), dir.clone(), secret.clone(), path.clone());
             async move { cleanup((&backend, &epoch.client), owner, &dir, &secret, path).await }
         };
-        LastChance::spawn(now, move || async move {
-            let Ok(fresh) = backend.reconnected().await else {
-                return false;
-            };
+        LastChance::spawn(now, backend, move |fresh| async move {
             let Ok(epoch) = fresh.epoch().await else {
                 return false;
             };

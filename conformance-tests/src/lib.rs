@@ -151,6 +151,7 @@ macro_rules! for_each_scenario {
             killed_holder_process_frees_the_lock: [Need::ServerProcess],
             a_holder_process_that_ends_holding_frees_the_lock_at_once: [Need::ServerProcess],
             a_waiter_process_that_ends_waiting_leaves_nothing_queued: [Need::ServerProcess, Need::Fifo],
+            a_runtime_that_ends_with_many_waits_leaves_nothing_queued: [Need::Fifo],
             waiter_wakes_promptly_after_release: [],
             a_waiter_that_waited_past_the_ttl_gets_a_live_lease: [],
             a_waiter_whose_session_dies_holds_nothing_through_it: [],

@@ -6,12 +6,17 @@
 //! [`LastChance`]: dropped unfinished, it has the release run on a thread of this module,
 //! through a new client of the same servers ([`LockBackend::reconnect`]), and waits for it. A
 //! backend's own clean-up tasks (a cancelled wait leaving its queue, or giving back a Redlock
-//! round's votes) carry one too, with the clean-up to run ([`LastChance::spawn`]). The jobs of
-//! one shutdown share one window of [`WAIT`]: a process ending with thousands of leases in
-//! scope ends within it, each lease it did not reach left to its TTL.
+//! round's votes) carry one too, with the clean-up to run ([`LastChance::spawn`]). One new
+//! client per client that ended serves all of its jobs (a connection or session is made once,
+//! not per wait or lease). The jobs a thread drops in one shutdown share one window of
+//! [`WAIT`] (a runtime's workers, dropping theirs at once, have one each): a process ending
+//! with thousands of leases or waits in scope ends within it, each one it did not reach left to
+//! its TTL or session.
 
+use std::any::Any;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak, mpsc};
+use std::sync::{Arc, OnceLock, Weak, mpsc};
 // The standard clock, not tokio's: a runtime with a paused clock (tests) may be dropping the
 // task, and this module's thread runs on real time.
 use std::time::{Duration, Instant};
@@ -21,52 +26,120 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::time::timeout;
 
 use crate::backend::{GrantKey, LockBackend};
+use crate::error::Result;
 
 /// How long the dropped releases of one shutdown wait here, together: a connect and a release
 /// are a few round trips; a server that cannot be reached within this leaves the lock to its
 /// TTL, as without this.
 const WAIT: Duration = Duration::from_secs(2);
 
-/// Jobs sent and not yet run.
-static PENDING: AtomicUsize = AtomicUsize::new(0);
-/// The current window: its end, and whether a lease was left to its TTL in it (said once).
-static WINDOW: Mutex<Option<(Instant, bool)>> = Mutex::new(None);
+/// The window of one thread's drops: those of one shutdown on that thread (a runtime's
+/// end, or one of its workers') share it, and threads dropping at once have one each, so
+/// neither another runtime's earlier end nor another worker's drops shorten it.
+#[derive(Default)]
+struct Window {
+    /// Its end, and whether a job was left undone in it (said once).
+    end: Option<(Instant, bool)>,
+    /// This thread's jobs sent and not yet run (one whose wait ran out is still queued).
+    pending: Arc<AtomicUsize>,
+}
 
-/// Until when a job sent now may run: the current window, or a new one once the last has
-/// passed with nothing pending (another shutdown). `None` while a passed window still has jobs.
-fn window() -> Option<Instant> {
+thread_local! {
+    static WINDOW: RefCell<Window> = RefCell::default();
+}
+
+/// Until when a job sent now from this thread may run, and the thread's count of jobs
+/// pending: the current window, or a new one once the last has passed with none of its jobs
+/// pending (another shutdown). `None` while a passed window still has jobs queued.
+fn window() -> Option<(Instant, Arc<AtomicUsize>)> {
     let now = Instant::now();
-    let mut window = WINDOW.lock().unwrap_or_else(|p| p.into_inner());
-    match *window {
+    let open = |w: &mut Window| match w.end {
         Some((end, _)) if end > now => Some(end),
-        Some(_) if PENDING.load(Ordering::Acquire) > 0 => None,
+        Some(_) if w.pending.load(Ordering::Acquire) > 0 => None,
         _ => {
-            *window = Some((now + WAIT, false));
+            w.end = Some((now + WAIT, false));
             Some(now + WAIT)
         }
+    };
+    WINDOW
+        .try_with(|w| {
+            let mut w = w.borrow_mut();
+            open(&mut w).map(|end| (end, w.pending.clone()))
+        })
+        // The thread's own values are gone (it is ending): a window of its own.
+        .unwrap_or_else(|_| Some((now + WAIT, Arc::default())))
+}
+
+/// Whether this is the window's first job left undone.
+fn first_left() -> bool {
+    WINDOW
+        .try_with(|w| match w.borrow_mut().end.as_mut() {
+            Some((_, warned)) => !std::mem::replace(warned, true),
+            None => true,
+        })
+        .unwrap_or(true)
+}
+
+/// A backend's client that a clean-up can make anew on the library's thread
+/// ([`LastChance::spawn`]).
+pub trait Reconnect: Clone + Send + Sync + 'static {
+    /// Shared by this client and its clones and by no other client, and gone with the last of
+    /// them: the new client made for one clean-up serves the next ones of the same client
+    /// while it is alive.
+    fn identity(&self) -> Weak<dyn Any + Send + Sync>;
+
+    /// A new client of the same servers with the same options.
+    fn reconnected(&self) -> impl Future<Output = Result<Self>> + Send;
+}
+
+/// New clients made on the library's thread, each kept while the client it stands in for
+/// lives (`None`: it could not be made, and is not tried again for that client).
+struct Fresh<K: ?Sized, V>(Vec<(Weak<K>, Option<V>)>);
+
+impl<K: ?Sized, V: Clone> Fresh<K, V> {
+    /// The new client for `of`, made by `make` unless one was.
+    async fn of(&mut self, of: Weak<K>, make: impl Future<Output = Option<V>>) -> Option<V> {
+        self.0.retain(|(k, _)| k.strong_count() > 0);
+        if let Some((_, made)) = self
+            .0
+            .iter()
+            .find(|(k, _)| std::ptr::addr_eq(k.as_ptr(), of.as_ptr()))
+        {
+            return made.clone();
+        }
+        let made = make.await;
+        self.0.push((of, made.clone()));
+        made
     }
 }
 
-/// Whether this is the window's first lease left to its TTL.
-fn first_left() -> bool {
-    let mut window = WINDOW.lock().unwrap_or_else(|p| p.into_inner());
-    match window.as_mut() {
-        Some((_, warned)) => !std::mem::replace(warned, true),
-        None => true,
-    }
-}
+/// New clients for backends' clean-ups, of whatever type each backend's is.
+type AnyFresh = Fresh<dyn Any + Send + Sync, Arc<dyn Any + Send + Sync>>;
+
+/// A backend's clean-up, given the new clients made so far.
+type Cleanup = Box<dyn for<'a> FnOnce(&'a mut AnyFresh) -> BoxFuture<'a, bool> + Send>;
 
 /// What a job does.
 enum Work {
     /// A lease's release, on a new client of its backend.
     Release(Arc<dyn LockBackend>, GrantKey),
-    /// A backend's clean-up, which makes the client it needs.
-    Run(Box<dyn FnOnce() -> BoxFuture<'static, bool> + Send>),
+    /// A backend's clean-up, on a new client of its own kind.
+    Run(Cleanup),
+}
+
+/// Boxes `cleanup`, fixing the lifetime its future borrows the new clients for.
+fn boxed<C>(cleanup: C) -> Cleanup
+where
+    C: for<'a> FnOnce(&'a mut AnyFresh) -> BoxFuture<'a, bool> + Send + 'static,
+{
+    Box::new(cleanup)
 }
 
 struct Job {
     work: Work,
     until: Instant,
+    /// The sending thread's pending jobs, this one among them.
+    pending: Arc<AtomicUsize>,
     done: mpsc::Sender<bool>,
 }
 
@@ -90,16 +163,30 @@ impl LastChance {
     }
 
     /// A backend's background clean-up: `now` runs on the current runtime, on the connections
-    /// the backend has. Should that runtime shut down before `now` finished, or should there be
-    /// no runtime here, `fallback` makes the future to run instead, which connects anew (the
-    /// connections of a runtime that shut down went with it) and says whether it did the work.
-    pub fn spawn<N, F>(now: N, fallback: impl FnOnce() -> F + Send + 'static)
+    /// of `client`. Should that runtime shut down before `now` finished, or should there be no
+    /// runtime here, `fallback` runs instead on a new client of the same servers (the
+    /// connections of a runtime that shut down went with it; one new client serves every
+    /// fallback of `client`), and says whether it did the work.
+    pub fn spawn<B, N, F>(now: N, client: B, fallback: impl FnOnce(B) -> F + Send + 'static)
     where
+        B: Reconnect,
         N: Future + Send + 'static,
         N::Output: Send,
         F: Future<Output = bool> + Send + 'static,
     {
-        let last = LastChance(Some(Work::Run(Box::new(move || Box::pin(fallback())))));
+        let last = LastChance(Some(Work::Run(boxed(move |fresh: &mut AnyFresh| {
+            Box::pin(async move {
+                let made = async {
+                    let made = client.reconnected().await.ok()?;
+                    Some(Arc::new(made) as Arc<dyn Any + Send + Sync>)
+                };
+                let fresh = fresh.of(client.identity(), made).await;
+                match fresh.and_then(|f| f.downcast_ref::<B>().cloned()) {
+                    Some(fresh) => fallback(fresh).await,
+                    None => false,
+                }
+            })
+        }))));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 now.await;
@@ -124,12 +211,17 @@ impl Drop for LastChance {
             Work::Run(_) => "a cancelled wait's clean-up (its queue entry or votes)".to_string(),
         };
         let (done, finished) = mpsc::channel();
-        let ran = window().is_some_and(|until| {
-            let job = Job { work, until, done };
-            PENDING.fetch_add(1, Ordering::AcqRel);
+        let ran = window().is_some_and(|(until, pending)| {
+            pending.fetch_add(1, Ordering::AcqRel);
+            let job = Job {
+                work,
+                until,
+                pending: pending.clone(),
+                done,
+            };
             let sent = helper().is_some_and(|h| h.send(job).is_ok());
             if !sent {
-                PENDING.fetch_sub(1, Ordering::AcqRel);
+                pending.fetch_sub(1, Ordering::AcqRel);
             }
             // A blocking wait: this runs where the runtime drops its tasks, not in one of them.
             sent && finished
@@ -168,45 +260,28 @@ fn helper() -> Option<&'static UnboundedSender<Job>> {
         .as_ref()
 }
 
-/// Runs each job: a release on a new client of its backend, made once per backend (`None`: it
-/// could not be made) and kept while that backend lives; a clean-up as it is.
+/// Runs each job on a new client of the client it came from, made at its first job and kept
+/// while that client lives.
 async fn serve(mut queue: UnboundedReceiver<Job>) {
-    type Client = Option<Arc<dyn LockBackend>>;
-    let mut clients: Vec<(Weak<dyn LockBackend>, Client)> = Vec::new();
+    let mut backends: Fresh<dyn LockBackend, Arc<dyn LockBackend>> = Fresh(Vec::new());
+    let mut others: AnyFresh = Fresh(Vec::new());
     while let Some(job) = queue.recv().await {
         let left = job.left();
         let ran = match job.work {
-            Work::Run(cleanup) => timeout(left, cleanup()).await.unwrap_or(false),
+            Work::Run(cleanup) => timeout(left, cleanup(&mut others)).await,
             Work::Release(backend, key) => {
-                clients.retain(|(of, _)| of.strong_count() > 0);
-                let known = clients
-                    .iter()
-                    .find(|(of, _)| std::ptr::addr_eq(of.as_ptr(), Arc::as_ptr(&backend)))
-                    .map(|(_, client)| client.clone());
-                let until = job.until;
-                let client = match known {
-                    Some(client) => client,
-                    None => {
-                        let made = timeout(left, backend.reconnect())
-                            .await
-                            .ok()
-                            .and_then(Result::ok);
-                        clients.push((Arc::downgrade(&backend), made.clone()));
-                        made
+                let made = async { backend.reconnect().await.ok() };
+                let release = async {
+                    match backends.of(Arc::downgrade(&backend), made).await {
+                        Some(c) => c.release(&key).await.is_ok(),
+                        None => false,
                     }
                 };
-                match client {
-                    Some(c) => timeout(
-                        until.saturating_duration_since(Instant::now()),
-                        c.release(&key),
-                    )
-                    .await
-                    .is_ok_and(|r| r.is_ok()),
-                    None => false,
-                }
+                timeout(left, release).await
             }
-        };
-        PENDING.fetch_sub(1, Ordering::AcqRel);
+        }
+        .unwrap_or(false);
+        job.pending.fetch_sub(1, Ordering::AcqRel);
         let _ = job.done.send(ran);
     }
 }

@@ -88,7 +88,7 @@ pub use fencing::{Fence, FencingToken, StaleToken};
 pub use futures_util::{Stream, StreamExt, stream::BoxStream};
 pub use guarantee::{Capabilities, Fencing, Guarantee, Reentrancy, Wakeup};
 pub use holder::{HolderInfo, MAX_COMMAND_BYTES, describe_process};
-pub use last_chance::LastChance;
+pub use last_chance::{LastChance, Reconnect};
 pub use leader::Leader;
 pub use lease::Lease;
 pub use margins::{LeaseMode, Margins};

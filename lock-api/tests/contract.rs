@@ -671,19 +671,39 @@ fn a_lease_dropped_as_its_runtime_ends_is_released() {
     }
 }
 
+/// A client whose new clients are counted (each new one is the same client again).
+#[derive(Clone)]
+struct Reconnects(Arc<AtomicUsize>);
+
+impl distlock_api::Reconnect for Reconnects {
+    fn identity(&self) -> std::sync::Weak<dyn std::any::Any + Send + Sync> {
+        Arc::downgrade(&self.0) as std::sync::Weak<AtomicUsize>
+    }
+
+    async fn reconnected(&self) -> distlock_api::Result<Self> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(self.clone())
+    }
+}
+
 /// A backend's clean-up spawned with a last chance: done on the runtime, its fallback never
 /// runs; left unrun as the runtime ends, or spawned with no runtime at all, the fallback has
-/// run by the time the drop (or the spawn) returns.
+/// run by the time the drop (or the spawn) returns, on one new client for all of a client's
+/// fallbacks.
 #[test]
 fn a_clean_up_runs_once_on_its_runtime_or_else_on_its_fallback() {
     let count = |c: &Arc<AtomicUsize>| c.load(Ordering::SeqCst);
-    let spawn = |now: &Arc<AtomicUsize>, fallback: &Arc<AtomicUsize>| {
+    let spawn = |client: &Reconnects, now: &Arc<AtomicUsize>, fallback: &Arc<AtomicUsize>| {
         let (now, fallback) = (now.clone(), fallback.clone());
         distlock_api::LastChance::spawn(
             async move {
                 now.fetch_add(1, Ordering::SeqCst);
             },
-            move || async move { fallback.fetch_add(1, Ordering::SeqCst) == 0 },
+            client.clone(),
+            move |_| async move {
+                fallback.fetch_add(1, Ordering::SeqCst);
+                true
+            },
         );
     };
     let rt = || {
@@ -692,25 +712,71 @@ fn a_clean_up_runs_once_on_its_runtime_or_else_on_its_fallback() {
             .build()
             .unwrap()
     };
+    let new = || {
+        let c = Reconnects(Arc::new(AtomicUsize::new(0)));
+        (
+            c,
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        )
+    };
     // Run on its runtime.
-    let (now, fallback) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (client, now, fallback) = new();
     let done = rt();
     done.block_on(async {
-        spawn(&now, &fallback);
+        spawn(&client, &now, &fallback);
         tokio::task::yield_now().await;
     });
     drop(done);
-    assert_eq!((count(&now), count(&fallback)), (1, 0));
-    // Left unrun as its runtime ends.
-    let (now, fallback) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    assert_eq!((count(&now), count(&fallback), count(&client.0)), (1, 0, 0));
+    // Left unrun as its runtime ends: three of them, on one new client.
+    let (client, now, fallback) = new();
     let ending = rt();
-    ending.block_on(async { spawn(&now, &fallback) });
+    ending.block_on(async { (0..3).for_each(|_| spawn(&client, &now, &fallback)) });
     drop(ending);
-    assert_eq!((count(&now), count(&fallback)), (0, 1));
+    assert_eq!((count(&now), count(&fallback), count(&client.0)), (0, 3, 1));
     // No runtime.
-    let (now, fallback) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    spawn(&now, &fallback);
-    assert_eq!((count(&now), count(&fallback)), (0, 1));
+    let (client, now, fallback) = new();
+    spawn(&client, &now, &fallback);
+    assert_eq!((count(&now), count(&fallback), count(&client.0)), (0, 1, 1));
+}
+
+/// Two runtimes ending on two threads 1 s apart, each with a clean-up left to its fallback:
+/// the second's gets a window of its own (2 s from its end), not what the first's had left.
+#[test]
+fn a_runtime_ending_after_another_has_a_window_of_its_own() {
+    let end_with = |takes: Duration, done: Arc<AtomicUsize>| {
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                distlock_api::LastChance::spawn(
+                    std::future::pending::<()>(),
+                    Reconnects(Arc::new(AtomicUsize::new(0))),
+                    move |_| async move {
+                        tokio::time::sleep(takes).await;
+                        done.fetch_add(1, Ordering::SeqCst);
+                        true
+                    },
+                );
+            });
+            drop(rt);
+        })
+    };
+    let (first, second) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let a = end_with(Duration::from_millis(500), first.clone());
+    std::thread::sleep(Duration::from_secs(1));
+    let b = end_with(Duration::from_millis(1500), second.clone());
+    a.join().unwrap();
+    b.join().unwrap();
+    assert_eq!(first.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        second.load(Ordering::SeqCst),
+        1,
+        "the second runtime's clean-up was cut short by the first's window"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -44,13 +44,15 @@
 //! only after the longest TTL (or run them with `appendfsync always`). Redis expires keys by the
 //! wall clock, so a clock jump on a node shortens the lease there.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
     Admission, Capabilities, Fencing, Grant, GrantKey, Guarantee, HolderInfo, HolderStatus,
-    LockBackend, LockError, LockName, LockStatus, OwnerSecret, Reentrancy, Renewal, Result, Wakeup,
+    LockBackend, LockError, LockName, LockStatus, OwnerSecret, Reconnect, Reentrancy, Renewal,
+    Result, Wakeup,
 };
 use futures_util::future::{join_all, try_join_all};
 use tokio::time::Instant;
@@ -184,16 +186,6 @@ impl RedlockBackend {
         })
     }
 
-    /// A new client of the same nodes with the same options (see
-    /// [`distlock_api::LockBackend::reconnect`]): every node at once, all must answer.
-    pub(crate) async fn reconnected(&self) -> Result<Self> {
-        let nodes = try_join_all(self.nodes.iter().map(RedisBackend::reconnected)).await?;
-        Ok(RedlockBackend {
-            nodes: Arc::new(nodes),
-            options: self.options.clone(),
-        })
-    }
-
     /// The index (in the order the nodes were given) of the node that orders `name`'s waiters:
     /// their retries ask it first (see the module docs). Chosen by the name's key slot, so no
     /// one node arbitrates every name; the same for every client with the same node list.
@@ -215,6 +207,22 @@ impl RedlockBackend {
     ) -> Grant {
         // No token: per-node counters are not one sequence (see the module docs).
         Grant::own_ttl(name, keys.lock, (secret, holder), None, ttl, start)
+    }
+}
+
+impl Reconnect for RedlockBackend {
+    fn identity(&self) -> Weak<dyn Any + Send + Sync> {
+        Arc::downgrade(&self.nodes) as Weak<Vec<RedisBackend>>
+    }
+
+    /// A new client of the same nodes with the same options (see
+    /// [`distlock_api::LockBackend::reconnect`]): every node at once, all must answer.
+    async fn reconnected(&self) -> Result<Self> {
+        let nodes = try_join_all(self.nodes.iter().map(RedisBackend::reconnected)).await?;
+        Ok(RedlockBackend {
+            nodes: Arc::new(nodes),
+            options: self.options.clone(),
+        })
     }
 }
 

@@ -69,10 +69,7 @@ impl Drop for RoundGuard<'_> {
             let (b, k, s) = (b.clone(), k.clone(), s.clone());
             async move { b.release_all(&k, &s, Waking::Attempt, None).await }
         };
-        LastChance::spawn(now, move || async move {
-            let Ok(fresh) = b.reconnected().await else {
-                return false;
-            };
+        LastChance::spawn(now, b, move |fresh| async move {
             fresh.release_all(&k, &s, Waking::Attempt, None).await;
             true
         });

@@ -160,3 +160,66 @@ pub async fn killed_holder_process_frees_the_lock(d: &dyn Deployment) {
     assert!(lease.fencing_token() > old || old.is_none());
     assert!(lease.release().await.expect("release"));
 }
+
+/// How many waits the runtime below ends with: enough that a new connection per clean-up (a
+/// session or a server's connection set-up each, 3-10 ms measured) would fill much of the 2 s
+/// the library gives a shutdown's clean-ups, and few enough that the clean-ups alone (a
+/// delete each, about 3 ms on etcd) fit it with room.
+const WAITS_AT_THE_END: usize = 300;
+
+/// A runtime that ends (as a service's does when `main` returns) with many waits on as many
+/// names: each wait's clean-up runs on the library's thread through a new client, and all of
+/// them leave their queues before the runtime's drop returns, so every holder's release hands
+/// its lock to a newcomer at once.
+pub async fn a_runtime_that_ends_with_many_waits_leaves_nothing_queued(d: &dyn Deployment) {
+    let names: Vec<String> = (0..WAITS_AT_THE_END)
+        .map(|i| format!("{}/{i}", unique("ended-runtime")))
+        .collect();
+    let a = client(d).await;
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(a.try_acquire(name, &opts(d)).await.expect("acquire"));
+    }
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    let waiter = client(d).await;
+                    for name in &names {
+                        let (w, name, o) = (waiter.clone(), name.clone(), opts(d));
+                        // Left waiting, on this runtime, until the runtime is dropped.
+                        tokio::spawn(async move {
+                            let _ = w.acquire(&name, &o, Duration::from_secs(60)).await;
+                        });
+                    }
+                    for name in &names {
+                        let lock = LockName::new(name).expect("name");
+                        assert!(
+                            eventually(Duration::from_secs(20), || async {
+                                d.artifacts(&lock).await >= 2
+                            })
+                            .await,
+                            "a wait never queued"
+                        );
+                    }
+                });
+                drop(rt);
+            });
+        });
+    });
+    for lease in held {
+        assert!(lease.release().await.expect("release"));
+    }
+    let b = client(d).await;
+    for name in &names {
+        let lease = b
+            .try_acquire(name, &opts(d))
+            .await
+            .unwrap_or_else(|e| panic!("{name} went to a wait of the ended runtime: {e}"));
+        assert!(lease.release().await.expect("release"));
+    }
+}
