@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use distlock_api::{Fence, FencingToken, LockName};
+use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::{client, eventually, opts, unique};
@@ -175,11 +176,8 @@ pub async fn a_runtime_that_ends_with_many_waits_leaves_nothing_queued(d: &dyn D
     let names: Vec<String> = (0..WAITS_AT_THE_END)
         .map(|i| format!("{}/{i}", unique("ended-runtime")))
         .collect();
-    let a = client(d).await;
-    let mut held = Vec::new();
-    for name in &names {
-        held.push(a.try_acquire(name, &opts(d)).await.expect("acquire"));
-    }
+    let (a, o) = (client(d).await, opts(d));
+    let held = join_all(names.iter().map(|name| a.try_acquire(name, &o))).await;
     tokio::task::block_in_place(|| {
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -196,30 +194,36 @@ pub async fn a_runtime_that_ends_with_many_waits_leaves_nothing_queued(d: &dyn D
                             let _ = w.acquire(&name, &o, Duration::from_secs(60)).await;
                         });
                     }
-                    for name in &names {
+                    let queued = join_all(names.iter().map(|name| async move {
                         let lock = LockName::new(name).expect("name");
-                        assert!(
-                            eventually(Duration::from_secs(20), || async {
-                                d.artifacts(&lock).await >= 2
-                            })
-                            .await,
-                            "a wait never queued"
-                        );
-                    }
+                        eventually(Duration::from_secs(20), || async {
+                            d.artifacts(&lock).await >= 2
+                        })
+                        .await
+                    }))
+                    .await;
+                    assert!(queued.into_iter().all(|q| q), "a wait never queued");
                 });
                 drop(rt);
             });
         });
     });
-    for lease in held {
-        assert!(lease.release().await.expect("release"));
-    }
-    let b = client(d).await;
-    for name in &names {
+    let released = join_all(
+        held.into_iter()
+            .map(|lease| async { lease.expect("acquire").release().await.expect("release") }),
+    )
+    .await;
+    assert!(
+        released.into_iter().all(|r| r),
+        "a lease was lost while held"
+    );
+    let (b, o) = (&client(d).await, &o);
+    join_all(names.iter().map(|name| async move {
         let lease = b
-            .try_acquire(name, &opts(d))
+            .try_acquire(name, o)
             .await
             .unwrap_or_else(|e| panic!("{name} went to a wait of the ended runtime: {e}"));
         assert!(lease.release().await.expect("release"));
-    }
+    }))
+    .await;
 }
