@@ -116,8 +116,12 @@ impl<K: ?Sized, V: Clone> Fresh<K, V> {
 /// New clients for backends' clean-ups, of whatever type each backend's is.
 type AnyFresh = Fresh<dyn Any + Send + Sync, Arc<dyn Any + Send + Sync>>;
 
+/// New clients, shared by the jobs running at once (each holds the lock only to find or make
+/// its own).
+type Shared<T> = Arc<tokio::sync::Mutex<T>>;
+
 /// A backend's clean-up, given the new clients made so far.
-type Cleanup = Box<dyn for<'a> FnOnce(&'a mut AnyFresh) -> BoxFuture<'a, bool> + Send>;
+type Cleanup = Box<dyn FnOnce(Shared<AnyFresh>) -> BoxFuture<'static, bool> + Send>;
 
 /// What a job does.
 enum Work {
@@ -125,14 +129,6 @@ enum Work {
     Release(Arc<dyn LockBackend>, GrantKey),
     /// A backend's clean-up, on a new client of its own kind.
     Run(Cleanup),
-}
-
-/// Boxes `cleanup`, fixing the lifetime its future borrows the new clients for.
-fn boxed<C>(cleanup: C) -> Cleanup
-where
-    C: for<'a> FnOnce(&'a mut AnyFresh) -> BoxFuture<'a, bool> + Send + 'static,
-{
-    Box::new(cleanup)
 }
 
 struct Job {
@@ -174,13 +170,13 @@ impl LastChance {
         N::Output: Send,
         F: Future<Output = bool> + Send + 'static,
     {
-        let last = LastChance(Some(Work::Run(boxed(move |fresh: &mut AnyFresh| {
+        let last = LastChance(Some(Work::Run(Box::new(move |fresh: Shared<AnyFresh>| {
             Box::pin(async move {
                 let made = async {
                     let made = client.reconnected().await.ok()?;
                     Some(Arc::new(made) as Arc<dyn Any + Send + Sync>)
                 };
-                let fresh = fresh.of(client.identity(), made).await;
+                let fresh = fresh.lock().await.of(client.identity(), made).await;
                 match fresh.and_then(|f| f.downcast_ref::<B>().cloned()) {
                     Some(fresh) => fallback(fresh).await,
                     None => false,
@@ -261,27 +257,37 @@ fn helper() -> Option<&'static UnboundedSender<Job>> {
 }
 
 /// Runs each job on a new client of the client it came from, made at its first job and kept
-/// while that client lives.
+/// while that client lives. Jobs run at once: those of threads dropping at the same time (two
+/// runtimes ending, or one's workers) do not queue behind each other within their windows.
 async fn serve(mut queue: UnboundedReceiver<Job>) {
-    let mut backends: Fresh<dyn LockBackend, Arc<dyn LockBackend>> = Fresh(Vec::new());
-    let mut others: AnyFresh = Fresh(Vec::new());
+    let backends: Shared<Fresh<dyn LockBackend, Arc<dyn LockBackend>>> =
+        Arc::new(Fresh(Vec::new()).into());
+    let others: Shared<AnyFresh> = Arc::new(Fresh(Vec::new()).into());
     while let Some(job) = queue.recv().await {
-        let left = job.left();
-        let ran = match job.work {
-            Work::Run(cleanup) => timeout(left, cleanup(&mut others)).await,
-            Work::Release(backend, key) => {
-                let made = async { backend.reconnect().await.ok() };
-                let release = async {
-                    match backends.of(Arc::downgrade(&backend), made).await {
-                        Some(c) => c.release(&key).await.is_ok(),
-                        None => false,
-                    }
-                };
-                timeout(left, release).await
+        let (backends, others) = (backends.clone(), others.clone());
+        tokio::spawn(async move {
+            let left = job.left();
+            let ran = match job.work {
+                Work::Run(cleanup) => timeout(left, cleanup(others)).await,
+                Work::Release(backend, key) => {
+                    let made = async { backend.reconnect().await.ok() };
+                    let release = async {
+                        let fresh = backends
+                            .lock()
+                            .await
+                            .of(Arc::downgrade(&backend), made)
+                            .await;
+                        match fresh {
+                            Some(c) => c.release(&key).await.is_ok(),
+                            None => false,
+                        }
+                    };
+                    timeout(left, release).await
+                }
             }
-        }
-        .unwrap_or(false);
-        job.pending.fetch_sub(1, Ordering::AcqRel);
-        let _ = job.done.send(ran);
+            .unwrap_or(false);
+            job.pending.fetch_sub(1, Ordering::AcqRel);
+            let _ = job.done.send(ran);
+        });
     }
 }
