@@ -179,6 +179,7 @@ macro_rules! for_each_scenario {
             a_killed_holder_process_returns_its_permit: [Need::Permits, Need::ServerProcess],
             a_permit_holder_process_that_ends_returns_its_permit_at_once: [Need::Permits, Need::ServerProcess],
             a_permit_waiter_process_that_ends_waiting_leaves_nothing_queued: [Need::Permits, Need::ServerProcess],
+            a_runtime_that_ends_with_many_permit_reader_and_writer_waits_leaves_nothing_queued: [Need::Permits],
             cancelled_permit_waiters_leave_nothing: [Need::Permits],
             cancelled_reader_and_writer_waits_leave_nothing: [Need::Policies],
             reader_and_writer_processes_that_end_holding_free_the_lock_at_once: [Need::Policies, Need::ServerProcess],

@@ -5,13 +5,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use distlock_api::{
-    Admission, Fence, Lease, LockError, LockName, RWLOCK_LOCK_PREFIX, RwLock,
+    Admission, Fence, Lease, LockClient, LockError, LockName, RWLOCK_LOCK_PREFIX, RwLock,
     SEMAPHORE_LOCK_PREFIX, Semaphore,
 };
+use futures_util::future::join_all;
 use rand::Rng;
 use tokio::time::{Instant, sleep, timeout};
 
-use super::process::{end, process};
+use super::process::{end, end_runtime_waiting, process};
 use super::{client, eventually, opts, unique};
 use crate::deployment::Deployment;
 use crate::harness::HolderProcess;
@@ -700,4 +701,98 @@ pub async fn a_waiting_writer_is_not_starved_by_later_readers(d: &dyn Deployment
         assert!(r.release().await.expect("release"));
     }
     entries(d, &key, 0).await;
+}
+
+/// A runtime that ends (as a process's does) with 50 waits of each kind: a permit of a full
+/// semaphore of 2, a reader behind a writer, a writer behind a reader, each on a name of its
+/// own. Every wait leaves its queue before the runtime's drop returns: once the holders let go,
+/// a newcomer takes both permits of each semaphore, and writes each read-write lock, at once.
+pub async fn a_runtime_that_ends_with_many_permit_reader_and_writer_waits_leaves_nothing_queued(
+    d: &dyn Deployment,
+) {
+    const EACH: usize = 50;
+    let base = unique("ended-runtime-kinds");
+    let names =
+        |kind: &str| -> Vec<String> { (0..EACH).map(|i| format!("{base}/{kind}/{i}")).collect() };
+    let (permits, reads, writes) = (names("permit"), names("read"), names("write"));
+    let (a, b, o) = (client(d).await, client(d).await, opts(d));
+    let sem = |c: &LockClient, n: &str| c.semaphore(n, 2).expect("semaphore").options(o.clone());
+    let rw = |c: &LockClient, n: &str| c.rwlock(n).expect("rwlock").options(o.clone());
+    let hold = join_all(
+        (permits.iter().flat_map(|n| [sem(&a, n), sem(&b, n)]))
+            .map(|s| async move { s.try_acquire().await }),
+    );
+    let ahead = join_all(
+        (reads.iter().map(|n| (rw(&a, n), true)))
+            .chain(writes.iter().map(|n| (rw(&a, n), false)))
+            .map(|(l, write)| async move {
+                if write {
+                    l.try_write().await
+                } else {
+                    l.try_read().await
+                }
+            }),
+    );
+    let (held, ahead) = tokio::join!(hold, ahead);
+    end_runtime_waiting(
+        d,
+        |waiter| {
+            let forever = Duration::from_secs(60);
+            for n in &permits {
+                let s = sem(&waiter, n);
+                tokio::spawn(async move { s.acquire(forever).await });
+            }
+            for (n, write) in reads
+                .iter()
+                .map(|n| (n, false))
+                .chain(writes.iter().map(|n| (n, true)))
+            {
+                let l = rw(&waiter, n);
+                tokio::spawn(async move {
+                    if write {
+                        l.write(forever).await
+                    } else {
+                        l.read(forever).await
+                    }
+                });
+            }
+        },
+        async || {
+            let count = |prefix: &str, n: &str, least: usize| {
+                let q = queue(prefix, n);
+                async move { d.artifacts(&q).await >= least }
+            };
+            let all = (permits.iter().map(|n| count(SEMAPHORE_LOCK_PREFIX, n, 3))).chain(
+                reads
+                    .iter()
+                    .chain(&writes)
+                    .map(|n| count(RWLOCK_LOCK_PREFIX, n, 2)),
+            );
+            join_all(all).await.into_iter().all(|q| q)
+        },
+    );
+    let released = join_all(
+        held.into_iter()
+            .chain(ahead)
+            .map(|lease| async { lease.expect("held").release().await.expect("release") }),
+    )
+    .await;
+    assert!(
+        released.into_iter().all(|r| r),
+        "a lease was lost while held"
+    );
+    let c = client(d).await;
+    let taken = join_all(
+        (permits.iter().flat_map(|n| [sem(&a, n), sem(&c, n)]))
+            .map(|s| async move { s.try_acquire().await }),
+    );
+    let written = join_all(reads.iter().chain(&writes).map(|n| {
+        let l = rw(&c, n);
+        async move { l.try_write().await }
+    }));
+    let (taken, written) = tokio::join!(taken, written);
+    for lease in taken.into_iter().chain(written) {
+        let lease = lease.unwrap_or_else(|e| panic!("taken by a wait of the ended runtime: {e}"));
+        assert!(lease.release().await.expect("release"));
+    }
 }
