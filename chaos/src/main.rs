@@ -4,7 +4,7 @@
 //! cargo run --release -p distlock-chaos -- campaign --minutes 150  # the full one: docs/faults.md
 //! cargo run --release -p distlock-chaos -- campaign --minutes 150 --stop-after 60  # a part
 //! cargo run --release -p distlock-chaos -- campaign --minutes 150 --resume  # go on after a stop
-//! cargo run -p distlock-chaos -- campaign --short --out target/faults-short.md
+//! cargo run -p distlock-chaos -- campaign --short --jobs 2 --out target/faults-short.md  # runs two at once
 //! cargo run -p distlock-chaos -- campaign --workloads rwlock --minutes 5 --out target/rw.md
 //! cargo run -p distlock-chaos -- campaign --only election/etcd3/kill-server --minutes 1
 //! ```
@@ -27,6 +27,8 @@ mod resource;
 mod workload;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use campaign::Run;
@@ -36,7 +38,7 @@ use workload::{CROWD, Workload};
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "{problem}\nusage:\n  distlock-chaos campaign [--short | --minutes N] [--out FILE] [--resume] [--stop-after M]\n  \
+        "{problem}\nusage:\n  distlock-chaos campaign [--short | --minutes N] [--out FILE] [--resume] [--stop-after M] [--jobs N]\n  \
          distlock-chaos campaign [--workloads W,..] [--only W/D/N,..] ...\n  \
          distlock-chaos client --url U --workload W --resource ADDR --history FILE --id N --ttl-ms MS [--hold-ms MS]\n  \
          distlock-chaos resource --history FILE"
@@ -215,7 +217,7 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
     // operations take), split equally among its runs: a deployment with one fault (the Sentinel
     // failover) gets as many operations as the others. A short run lasts long enough for one
     // fault after the clients settle.
-    let (length_of, schedule): (Box<dyn Fn(Run) -> Duration>, String) = if short {
+    let (length_of, schedule): (Box<dyn Fn(Run) -> Duration + Sync>, String) = if short {
         // One fault each (they come 2 TTLs apart after a TTL's settling); the lock's runs a
         // little longer, as they were.
         (
@@ -295,20 +297,41 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
             .unwrap_or_else(|| usage("--stop-after takes a number of minutes"));
         std::time::Instant::now() + Duration::from_secs_f64(m * 60.0)
     });
-    for r in plan.iter().copied() {
-        if kept.iter().any(|k| k.run == r.label()) {
-            continue;
-        }
+    // `--jobs N`: N runs at once (each on servers, proxies and processes of its own), taken in
+    // the plan's order; each run's lines are printed as it ends.
+    let jobs: usize = f.get("jobs").map_or(1, |n| {
+        n.parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .unwrap_or_else(|| usage("--jobs takes a whole number, at least 1"))
+    });
+    let todo: Vec<Run> = plan
+        .iter()
+        .copied()
+        .filter(|r| !kept.iter().any(|k| k.run == r.label()))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let stopped = AtomicBool::new(false);
+    let kept_now = Mutex::new(&mut kept);
+    let one = |r: Run| {
         let length = length_of(r);
         if stop_at
             .is_some_and(|at| std::time::Instant::now() + length + Duration::from_secs(60) > at)
         {
             eprintln!("== stopping before {}: --resume runs the rest", r.label());
-            break;
+            stopped.store(true, Ordering::SeqCst);
+            return;
         }
-        eprintln!("== {} for {length:?}", r.label());
+        if jobs == 1 {
+            eprintln!("== {} for {length:?}", r.label());
+        }
         let result = campaign::run(r, length);
         let fi = &result.findings;
+        // One run's lines together, whatever else ends meanwhile.
+        let mut kept = kept_now.lock().unwrap_or_else(PoisonError::into_inner);
+        if jobs > 1 {
+            eprintln!("== {} for {length:?}", r.label());
+        }
         eprintln!(
             "   {} acquisitions, {} lease violations, {} token violations, {} left on the servers: {} unexpected",
             fi.acquisitions,
@@ -331,7 +354,18 @@ fn campaign(f: &std::collections::BTreeMap<String, String>) {
             usage(&format!("cannot write {}: {e}", records_path.display()));
         }
         kept.push(kept_run);
-    }
+    };
+    std::thread::scope(|s| {
+        for _ in 0..jobs.min(todo.len()) {
+            s.spawn(|| {
+                while !stopped.load(Ordering::SeqCst) {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(r) = todo.get(i) else { break };
+                    one(*r);
+                }
+            });
+        }
+    });
     // The report covers the plan's runs, in its order, whichever session ran them.
     let runs: Vec<campaign::RunResult> = plan
         .iter()
