@@ -368,8 +368,10 @@ async fn a_client_outlives_its_auth_token() {
 /// With JWT tokens (etcd's advice for production), any change to the auth store (an operator
 /// adds a user) makes etcd refuse every token issued before it, "revision of auth store is old",
 /// however young. A holder must still release, a waiter queued before the change must still be
-/// granted, and its client must still lock: the client authenticates again. The token kind is
-/// the setting varied here (stock: simple tokens, which carry no revision).
+/// granted, and its client must still lock: the client authenticates again. A holder whose
+/// connection breaks after the change (a member restarted, a network blip) opens its session's
+/// keep-alive stream again, and must keep the lock past two session TTLs.
+/// The token kind is the setting varied here (stock: simple tokens, which carry no revision).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_outlives_an_auth_store_change_with_jwt_tokens() {
     let keys = TempDir::new("etcd-jwt").expect("temp dir");
@@ -403,7 +405,12 @@ async fn a_client_outlives_an_auth_store_change_with_jwt_tokens() {
     .expect("start");
     let endpoints = cluster.endpoints();
     auth_on(&endpoints).await;
-    let (holder, waiter) = (connect_app(&endpoints).await, connect_app(&endpoints).await);
+    // The holder's traffic through a proxy that can reset its connection.
+    let proxy = Proxy::start(endpoints[0].parse().expect("host:port")).expect("proxy");
+    let (holder, waiter) = (
+        connect_app(&[proxy.addr().to_string()]).await,
+        connect_app(&endpoints).await,
+    );
     let ttl = options().session_ttl;
     let held = holder
         .try_acquire("jwt", &opts(ttl))
@@ -415,7 +422,8 @@ async fn a_client_outlives_an_auth_store_change_with_jwt_tokens() {
             .await?;
         lease.release().await
     });
-    sleep(Duration::from_millis(300)).await;
+    // Renewals have opened the holder's keep-alive stream by now.
+    sleep(ttl).await;
     let mut root = etcd_client::Client::connect(
         &endpoints,
         Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")),
@@ -425,6 +433,13 @@ async fn a_client_outlives_an_auth_store_change_with_jwt_tokens() {
     root.user_add("another", "pw", None)
         .await
         .expect("another user");
+    proxy.reset();
+    sleep(ttl * 2 + Duration::from_millis(500)).await;
+    assert!(
+        held.lost_reason().is_none(),
+        "lost once its connection broke after the auth store changed: {:?}",
+        held.lost_reason()
+    );
     assert!(
         held.release()
             .await
