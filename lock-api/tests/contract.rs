@@ -957,3 +957,40 @@ async fn a_timeout_past_the_clocks_range_waits_without_limit() {
         .expect("campaign");
     assert!(leading.resign().await.expect("resign"));
 }
+
+/// The new client a shutdown's clean-ups were run on is let go of once that shutdown's window
+/// (2 s) passed, though the client it stood in for lives on (it holds a connection or a session
+/// of its own); a later shutdown makes a new one.
+#[test]
+fn a_new_client_is_let_go_of_once_its_shutdown_passed() {
+    let client = Reconnects(Arc::new(AtomicUsize::new(0)));
+    let end_with_a_clean_up = || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            distlock_api::LastChance::spawn(
+                std::future::pending::<()>(),
+                client.clone(),
+                |_| async { true },
+            );
+        });
+        drop(rt);
+    };
+    end_with_a_clean_up();
+    assert_eq!(client.0.load(Ordering::SeqCst), 1);
+    // The new client is a clone of this one: its count says whether it is kept.
+    assert_eq!(Arc::strong_count(&client.0), 2, "not kept for the shutdown");
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&client.0) > 1 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        Arc::strong_count(&client.0),
+        1,
+        "the new client outlived its shutdown"
+    );
+    end_with_a_clean_up();
+    assert_eq!(client.0.load(Ordering::SeqCst), 2, "no new client made");
+}
