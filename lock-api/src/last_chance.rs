@@ -92,10 +92,11 @@ pub trait Reconnect: Clone + Send + Sync + 'static {
     fn reconnected(&self) -> impl Future<Output = Result<Self>> + Send;
 }
 
-/// New clients made on the library's thread, each with when it last served. One is kept while
-/// the client it stands in for lives, and no longer than [`WAIT`] (one shutdown's window) after
-/// it last served: a later shutdown makes a new one, so none holds a connection or session past
-/// its use, and one that could not be made (`None`, not tried again meanwhile) is tried again.
+/// New clients made on the library's thread, each kept while the client it stands in for
+/// lives and for [`WAIT`] after it last served (one shutdown's window), with when it last
+/// served (`None`: it could not be made, and is not tried again meanwhile). A later shutdown
+/// makes a new one: none holds a connection or session past its use, and one that could not
+/// be made is tried again.
 struct Fresh<K: ?Sized, V>(Vec<(Weak<K>, Option<V>, Instant)>);
 
 impl<K: ?Sized, V: Clone> Fresh<K, V> {
@@ -266,9 +267,8 @@ fn helper() -> Option<&'static UnboundedSender<Job>> {
 }
 
 /// Runs each job on a new client of the client it came from, made at its first job and kept
-/// for that shutdown (see [`Fresh`]). Jobs run at once: those of threads dropping at the same
-/// time (two runtimes ending, or one's workers) do not queue behind each other within their
-/// windows.
+/// for that shutdown (see [`Fresh`]). Jobs run at once: those of threads dropping at the same time (two
+/// runtimes ending, or one's workers) do not queue behind each other within their windows.
 async fn serve(mut queue: UnboundedReceiver<Job>) {
     let backends: Shared<Fresh<dyn LockBackend, Arc<dyn LockBackend>>> =
         Arc::new(Fresh(Vec::new()).into());
