@@ -84,8 +84,8 @@ fn first_left() -> bool {
 /// ([`LastChance::spawn`]).
 pub trait Reconnect: Clone + Send + Sync + 'static {
     /// Shared by this client and its clones and by no other client, and gone with the last of
-    /// them: the new client made for one clean-up serves the next ones of the same client in
-    /// that shutdown, while it is alive.
+    /// them: the new client made for one clean-up serves the next ones of the same client
+    /// while it is alive.
     fn identity(&self) -> Weak<dyn Any + Send + Sync>;
 
     /// A new client of the same servers with the same options.
@@ -93,33 +93,23 @@ pub trait Reconnect: Clone + Send + Sync + 'static {
 }
 
 /// New clients made on the library's thread, each kept while the client it stands in for
-/// lives and for [`WAIT`] after it last served (one shutdown's window), with when it last
-/// served (`None`: it could not be made, and is not tried again meanwhile). A later shutdown
-/// makes a new one: none holds a connection or session past its use, and one that could not
-/// be made is tried again.
-struct Fresh<K: ?Sized, V>(Vec<(Weak<K>, Option<V>, Instant)>);
+/// lives (`None`: it could not be made, and is not tried again for that client).
+struct Fresh<K: ?Sized, V>(Vec<(Weak<K>, Option<V>)>);
 
 impl<K: ?Sized, V: Clone> Fresh<K, V> {
     /// The new client for `of`, made by `make` unless one was.
     async fn of(&mut self, of: Weak<K>, make: impl Future<Output = Option<V>>) -> Option<V> {
-        self.sweep();
-        if let Some((_, made, used)) = self
+        self.0.retain(|(k, _)| k.strong_count() > 0);
+        if let Some((_, made)) = self
             .0
-            .iter_mut()
-            .find(|(k, _, _)| std::ptr::addr_eq(k.as_ptr(), of.as_ptr()))
+            .iter()
+            .find(|(k, _)| std::ptr::addr_eq(k.as_ptr(), of.as_ptr()))
         {
-            *used = Instant::now();
             return made.clone();
         }
         let made = make.await;
-        self.0.push((of, made.clone(), Instant::now()));
+        self.0.push((of, made.clone()));
         made
-    }
-
-    /// Lets go of those whose client is gone or whose window passed.
-    fn sweep(&mut self) {
-        self.0
-            .retain(|(k, _, used)| k.strong_count() > 0 && used.elapsed() < WAIT);
     }
 }
 
@@ -267,7 +257,7 @@ fn helper() -> Option<&'static UnboundedSender<Job>> {
 }
 
 /// Runs each job on a new client of the client it came from, made at its first job and kept
-/// for that shutdown (see [`Fresh`]). Jobs run at once: those of threads dropping at the same time (two
+/// while that client lives. Jobs run at once: those of threads dropping at the same time (two
 /// runtimes ending, or one's workers) do not queue behind each other within their windows.
 async fn serve(mut queue: UnboundedReceiver<Job>) {
     let backends: Shared<Fresh<dyn LockBackend, Arc<dyn LockBackend>>> =
@@ -278,7 +268,7 @@ async fn serve(mut queue: UnboundedReceiver<Job>) {
         tokio::spawn(async move {
             let left = job.left();
             let ran = match job.work {
-                Work::Run(cleanup) => timeout(left, cleanup(others.clone())).await,
+                Work::Run(cleanup) => timeout(left, cleanup(others)).await,
                 Work::Release(backend, key) => {
                     let made = async { backend.reconnect().await.ok() };
                     let release = async {
@@ -298,10 +288,6 @@ async fn serve(mut queue: UnboundedReceiver<Job>) {
             .unwrap_or(false);
             job.pending.fetch_sub(1, Ordering::AcqRel);
             let _ = job.done.send(ran);
-            // Once no job of this shutdown can need them, its new clients go.
-            tokio::time::sleep(WAIT).await;
-            backends.lock().await.sweep();
-            others.lock().await.sweep();
         });
     }
 }
