@@ -757,19 +757,14 @@ pub async fn a_runtime_that_ends_with_many_permit_reader_and_writer_waits_leaves
                 });
             }
         },
-        async || {
-            let count = |prefix: &str, n: &str, least: usize| {
-                let q = queue(prefix, n);
-                async move { d.artifacts(&q).await >= least }
-            };
-            let all = (permits.iter().map(|n| count(SEMAPHORE_LOCK_PREFIX, n, 3))).chain(
+        &(permits.iter().map(|n| (queue(SEMAPHORE_LOCK_PREFIX, n), 3)))
+            .chain(
                 reads
                     .iter()
                     .chain(&writes)
-                    .map(|n| count(RWLOCK_LOCK_PREFIX, n, 2)),
-            );
-            join_all(all).await.into_iter().all(|q| q)
-        },
+                    .map(|n| (queue(RWLOCK_LOCK_PREFIX, n), 2)),
+            )
+            .collect::<Vec<_>>(),
     );
     let released = join_all(
         held.into_iter()
